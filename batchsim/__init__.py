@@ -1,0 +1,31 @@
+"""batchsim: see why an inference server should wait a few milliseconds to fill a batch.
+
+``import batchsim as bs`` is light: it loads numpy only. SimPy loads when a simulation
+runs and torch when the real batcher (``batchsim.real``) is used.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .policy import BatchPolicy
+from .result import COMPLETED, EXPIRED, REJECTED, RunResult
+from .service import AffineService, ProfileService, load_service, shipped_profiles
+from .sim import simulate
+from .workload import Bursty, Constant, Diurnal, Gamma, Poisson, Ramp, Trace, Workload
+
+__version__ = "0.1.0"
+
+
+def quick() -> bool:
+    """True in quick mode (``BATCHSIM_QUICK=1`` or ``CI`` set): notebooks shrink their sizes."""
+    flag = os.environ.get("BATCHSIM_QUICK", "")
+    return flag not in ("", "0") or bool(os.environ.get("CI"))
+
+
+__all__ = [
+    "BatchPolicy", "RunResult", "COMPLETED", "REJECTED", "EXPIRED",
+    "AffineService", "ProfileService", "load_service", "shipped_profiles",
+    "simulate", "Workload", "Poisson", "Constant", "Gamma", "Bursty", "Ramp", "Diurnal",
+    "Trace", "quick",
+]

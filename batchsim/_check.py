@@ -1,0 +1,51 @@
+"""Argument checks shared by every public constructor and function.
+
+Each raises ``ValueError`` naming the parameter and the value it received, so that a
+typo in a notebook cell points straight at the culprit.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+
+def _real(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if math.isnan(value):
+        raise ValueError(f"{name} must not be NaN, got {value!r}")
+    return value
+
+
+def positive(name: str, value, *, allow_inf: bool = False) -> float:
+    """``value`` as a float > 0 (finite unless ``allow_inf``)."""
+    v = _real(name, value)
+    if v <= 0 or (math.isinf(v) and not allow_inf):
+        kind = "number" if allow_inf else "finite number"
+        raise ValueError(f"{name} must be a positive {kind}, got {value!r}")
+    return v
+
+
+def non_negative(name: str, value, *, allow_inf: bool = False) -> float:
+    """``value`` as a float >= 0 (finite unless ``allow_inf``)."""
+    v = _real(name, value)
+    if v < 0 or (math.isinf(v) and not allow_inf):
+        kind = "number" if allow_inf else "finite number"
+        raise ValueError(f"{name} must be a non-negative {kind}, got {value!r}")
+    return v
+
+
+def positive_int(name: str, value) -> int:
+    """``value`` as an int >= 1; floats such as 4.0 are refused (a batch size is a count)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def one_of(name: str, value, choices) -> str:
+    """``value`` if it is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
+    return value

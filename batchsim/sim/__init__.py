@@ -1,0 +1,58 @@
+"""``simulate()``: run the dispatch rule on a workload with a service model.
+
+Engines: ``"simpy"`` (the readable discrete-event reference, ``des.py``). SimPy is
+imported only when a simulation runs, so ``import batchsim`` stays light.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .. import _check
+from ..policy import BatchPolicy
+from ..result import RunResult
+from ..seeding import streams
+from ..service import ServiceModel
+from ..workload import Trace, Workload
+
+ENGINES = ("simpy", "auto")
+
+
+def simulate(workload: Workload, policy: BatchPolicy, service: ServiceModel,
+             n_requests: int | None = None, workers: int = 1, seed=0,
+             engine: str = "auto") -> RunResult:
+    """Simulate ``n_requests`` arrivals of ``workload`` served under ``policy``.
+
+    ``seed`` (an int >= 0 or a ``numpy.random.SeedSequence``) fixes the arrivals and
+    the service jitter, each from its own child stream: the same seed gives the same
+    run on every engine. ``n_requests`` may be left out for a ``Trace`` (all of it).
+    """
+    if not isinstance(workload, Workload):
+        raise ValueError(f"workload must be a batchsim workload (Poisson, Trace, ...), "
+                         f"got {workload!r}")
+    if not isinstance(policy, BatchPolicy):
+        raise ValueError(f"policy must be a BatchPolicy, got {policy!r}")
+    if not isinstance(service, ServiceModel):
+        raise ValueError(f"service must be a service model (AffineService, ProfileService), "
+                         f"got {service!r}")
+    if n_requests is None and not isinstance(workload, Trace):
+        raise ValueError(f"n_requests is required for a {type(workload).__name__} workload, "
+                         f"got None")
+    workers = _check.positive_int("workers", workers)
+    _check.one_of("engine", engine, ENGINES)
+    if not isinstance(seed, np.random.SeedSequence) and (
+            isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
+        raise ValueError(f"seed must be an integer >= 0 or a SeedSequence, got {seed!r}")
+
+    arrival_rng, service_rng = streams(seed)
+    arrival_s = np.ascontiguousarray(workload.arrivals_s(n_requests, arrival_rng), dtype=float)
+    batch_time_s = np.asarray(service.mean_s(np.arange(policy.max_batch_size + 1)), float)
+    jitter = service.jitter_factors(service_rng, arrival_s.size)
+
+    from . import des
+
+    res = des.run(arrival_s, policy, batch_time_s, jitter, workers)
+    res.meta.update(workload=repr(workload), policy=policy, service=service, seed=seed)
+    return res

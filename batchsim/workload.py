@@ -1,0 +1,276 @@
+"""Arrival processes: each turns a seeded generator into sorted arrival times in seconds.
+
+Every workload has ``arrivals_s(n, rng)`` (the first ``n`` arrival instants, sorted,
+starting after time 0), ``rate_rps`` (its long-run mean rate) and ``with_rate(rate_rps)``
+(the same shape of traffic scaled to another mean rate, used by sweeps over load).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from . import _check
+
+
+class Workload:
+    """Base class: subclasses implement ``arrivals_s`` and ``rate_rps``."""
+
+    rate_rps: float
+
+    def arrivals_s(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        raise NotImplementedError
+
+    def with_rate(self, rate_rps: float) -> Workload:
+        """This workload with every rate scaled so that the mean rate is ``rate_rps``."""
+        factor = _check.positive("rate_rps", rate_rps) / self.rate_rps
+        return self._scaled(factor)
+
+    def _scaled(self, factor: float) -> Workload:
+        return replace(self, rate_rps=self.rate_rps * factor)
+
+
+def _n(n) -> int:
+    return _check.positive_int("n_requests", n)
+
+
+@dataclass(frozen=True)
+class Poisson(Workload):
+    """Poisson arrivals: exponential gaps with mean ``1 / rate_rps``."""
+
+    rate_rps: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "rate_rps", _check.positive("rate_rps", self.rate_rps))
+
+    def arrivals_s(self, n, rng):
+        return np.cumsum(rng.exponential(1.0 / self.rate_rps, _n(n)))
+
+
+@dataclass(frozen=True)
+class Constant(Workload):
+    """Evenly spaced arrivals, one every ``1 / rate_rps`` seconds (the first at ``1 / rate``)."""
+
+    rate_rps: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "rate_rps", _check.positive("rate_rps", self.rate_rps))
+
+    def arrivals_s(self, n, rng):
+        return np.arange(1, _n(n) + 1) / self.rate_rps
+
+
+@dataclass(frozen=True)
+class Gamma(Workload):
+    """Renewal arrivals with gamma gaps: mean ``1 / rate_rps``, coefficient of variation ``cv``.
+
+    ``cv=1`` is Poisson, ``cv<1`` smoother, ``cv>1`` burstier.
+    """
+
+    rate_rps: float
+    cv: float = 1.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "rate_rps", _check.positive("rate_rps", self.rate_rps))
+        object.__setattr__(self, "cv", _check.positive("cv", self.cv))
+
+    def arrivals_s(self, n, rng):
+        shape = 1.0 / self.cv**2
+        return np.cumsum(rng.gamma(shape, 1.0 / (self.rate_rps * shape), _n(n)))
+
+
+@dataclass(frozen=True)
+class Bursty(Workload):
+    """Two-state Markov-modulated Poisson process (MMPP): on/off bursts.
+
+    The source alternates between an *on* state (Poisson at ``on_rate_rps``) and an
+    *off* state (Poisson at ``off_rate_rps``, possibly 0), staying in each for an
+    exponential time with mean ``mean_on_s`` / ``mean_off_s``. It starts in a state
+    drawn from the stationary distribution.
+    """
+
+    on_rate_rps: float
+    off_rate_rps: float
+    mean_on_s: float
+    mean_off_s: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "on_rate_rps", _check.positive("on_rate_rps", self.on_rate_rps))
+        object.__setattr__(self, "off_rate_rps",
+                           _check.non_negative("off_rate_rps", self.off_rate_rps))
+        object.__setattr__(self, "mean_on_s", _check.positive("mean_on_s", self.mean_on_s))
+        object.__setattr__(self, "mean_off_s", _check.positive("mean_off_s", self.mean_off_s))
+
+    @property
+    def rate_rps(self) -> float:
+        on_share = self.mean_on_s / (self.mean_on_s + self.mean_off_s)
+        return on_share * self.on_rate_rps + (1 - on_share) * self.off_rate_rps
+
+    def _scaled(self, factor):
+        return replace(self, on_rate_rps=self.on_rate_rps * factor,
+                       off_rate_rps=self.off_rate_rps * factor)
+
+    def arrivals_s(self, n, rng):
+        n = _n(n)
+        on = rng.random() < self.mean_on_s / (self.mean_on_s + self.mean_off_s)
+        chunks, count, t = [], 0, 0.0
+        while count < n:
+            mean_s, rate = ((self.mean_on_s, self.on_rate_rps) if on
+                            else (self.mean_off_s, self.off_rate_rps))
+            dwell_s = rng.exponential(mean_s)
+            k = rng.poisson(rate * dwell_s)
+            if k:
+                chunks.append(t + np.sort(rng.uniform(0.0, dwell_s, k)))
+                count += k
+            t += dwell_s
+            on = not on
+        return np.concatenate(chunks)[:n]
+
+
+def _thinned(rate_at, peak_rps: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    """First ``n`` points of a Poisson process with rate ``rate_at(t) <= peak_rps`` (thinning).
+
+    Lewis & Shedler (1979): draw a homogeneous process at the peak rate and keep each
+    point at ``t`` with probability ``rate_at(t) / peak_rps``.
+    """
+    kept, count, t0 = [], 0, 0.0
+    chunk = max(1024, 2 * n)
+    while count < n:
+        t = t0 + np.cumsum(rng.exponential(1.0 / peak_rps, chunk))
+        keep = t[rng.random(chunk) * peak_rps < rate_at(t)]
+        kept.append(keep)
+        count += keep.size
+        t0 = t[-1]
+    return np.concatenate(kept)[:n]
+
+
+@dataclass(frozen=True)
+class Ramp(Workload):
+    """Poisson arrivals whose rate moves linearly from ``start_rps`` to ``end_rps``.
+
+    The rate changes over ``duration_s`` and then stays at ``end_rps``; drawn by
+    thinning. ``rate_rps`` (the mean used for load scaling) is the mean over the ramp.
+    """
+
+    start_rps: float
+    end_rps: float
+    duration_s: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "start_rps", _check.positive("start_rps", self.start_rps))
+        object.__setattr__(self, "end_rps", _check.positive("end_rps", self.end_rps))
+        object.__setattr__(self, "duration_s", _check.positive("duration_s", self.duration_s))
+
+    @property
+    def rate_rps(self) -> float:
+        return 0.5 * (self.start_rps + self.end_rps)
+
+    def _scaled(self, factor):
+        return replace(self, start_rps=self.start_rps * factor, end_rps=self.end_rps * factor)
+
+    def rate_at(self, t_s):
+        frac = np.clip(np.asarray(t_s, dtype=float) / self.duration_s, 0.0, 1.0)
+        return self.start_rps + (self.end_rps - self.start_rps) * frac
+
+    def arrivals_s(self, n, rng):
+        return _thinned(self.rate_at, max(self.start_rps, self.end_rps), _n(n), rng)
+
+
+@dataclass(frozen=True)
+class Diurnal(Workload):
+    """Poisson arrivals with a sinusoidal rate: ``rate_rps * (1 + amplitude*sin(2πt/period_s))``.
+
+    A compressed day: traffic swings between ``(1 - amplitude)`` and ``(1 + amplitude)``
+    times the mean. Drawn by thinning.
+    """
+
+    rate_rps: float
+    amplitude: float = 0.5
+    period_s: float = 60.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "rate_rps", _check.positive("rate_rps", self.rate_rps))
+        a = _check.non_negative("amplitude", self.amplitude)
+        if a > 1:
+            raise ValueError(f"amplitude must be between 0 and 1, got {self.amplitude!r}")
+        object.__setattr__(self, "amplitude", a)
+        object.__setattr__(self, "period_s", _check.positive("period_s", self.period_s))
+
+    def rate_at(self, t_s):
+        phase = 2 * math.pi * np.asarray(t_s, dtype=float) / self.period_s
+        return self.rate_rps * (1 + self.amplitude * np.sin(phase))
+
+    def arrivals_s(self, n, rng):
+        return _thinned(self.rate_at, self.rate_rps * (1 + self.amplitude), _n(n), rng)
+
+
+class Trace(Workload):
+    """Arrival times given explicitly (seconds, sorted, finite, non-negative).
+
+    ``arrivals_s(n)`` returns the first ``n`` times (all of them when ``n`` is None);
+    the seed is not used. ``Trace.from_csv(path)`` reads one column of times.
+    """
+
+    def __init__(self, times_s):
+        times = np.asarray(times_s, dtype=float).ravel()
+        if times.size == 0:
+            raise ValueError("times_s must hold at least one arrival, got an empty trace")
+        if not np.all(np.isfinite(times)):
+            raise ValueError(f"times_s must be finite, got {times[~np.isfinite(times)][:3]!r}")
+        if times[0] < 0:
+            raise ValueError(f"times_s must be non-negative, got {times[0]!r}")
+        if np.any(np.diff(times) < 0):
+            i = int(np.argmax(np.diff(times) < 0))
+            raise ValueError(f"times_s must be sorted, got {times[i]!r} before {times[i + 1]!r}")
+        times.setflags(write=False)
+        self.times_s = times
+
+    def __repr__(self):
+        return f"Trace({self.times_s.size} arrivals over {self.times_s[-1]:.6g} s)"
+
+    def __len__(self):
+        return self.times_s.size
+
+    @property
+    def rate_rps(self) -> float:
+        span_s = self.times_s[-1]
+        return self.times_s.size / span_s if span_s > 0 else math.inf
+
+    def _scaled(self, factor):
+        return Trace(self.times_s / factor)
+
+    def arrivals_s(self, n=None, rng=None):
+        if n is None:
+            return self.times_s.copy()
+        n = _n(n)
+        if n > self.times_s.size:
+            raise ValueError(f"n_requests must be at most the trace length {self.times_s.size}, "
+                             f"got {n}")
+        return self.times_s[:n].copy()
+
+    @classmethod
+    def from_csv(cls, path, column: str | int = 0) -> Trace:
+        """Read arrival times in seconds from a CSV column (by header name or index)."""
+        with open(Path(path), newline="") as f:
+            rows = list(csv.reader(f))
+        if not rows:
+            raise ValueError(f"path {str(path)!r} holds no rows")
+        header, body = rows[0], rows[1:]
+        try:
+            float(header[column if isinstance(column, int) else 0])
+            body, header = rows, None  # no header row
+        except (ValueError, IndexError):
+            pass
+        if isinstance(column, str):
+            if header is None or column not in header:
+                raise ValueError(f"column {column!r} not found in {str(path)!r}")
+            column = header.index(column)
+        try:
+            return cls([float(r[column]) for r in body if r])
+        except (ValueError, IndexError) as e:
+            raise ValueError(f"path {str(path)!r}: column {column!r} is not all numbers "
+                             f"({e})") from e
