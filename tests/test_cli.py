@@ -1,0 +1,45 @@
+"""The batchsim command: summaries, JSON, and one-line errors with exit code 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from batchsim.cli import main
+
+
+def test_simulate_prints_a_summary(capsys):
+    assert main(["simulate", "--rate", "1000", "-n", "2000", "--max-batch-size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "latency_ms_p99" in out and "throughput_rps" in out
+
+
+def test_simulate_json_matches_the_library():
+    import batchsim as bs
+
+    main_out = subprocess.run(
+        [sys.executable, "-m", "batchsim", "simulate", "--rate", "1500", "-n", "3000",
+         "--service", "affine:1.0,0.2", "--max-wait-ms", "2", "--seed", "3", "--json",
+         "--slo-ms", "5"], capture_output=True, text=True, check=True).stdout
+    got = json.loads(main_out)
+    want = bs.simulate(bs.Poisson(1500), bs.BatchPolicy(32, 2.0), bs.AffineService(1.0, 0.2),
+                       n_requests=3000, seed=3).summary(slo_ms=5)
+    assert got["latency_ms_p99"] == pytest.approx(want["latency_ms_p99"])
+    assert got["goodput"] == pytest.approx(want["goodput"])
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["simulate", "--rate", "-5"], "rate_rps"),
+    (["simulate", "--rate", "100", "--service", "cubic:1"], "--service"),
+    (["simulate", "--rate", "100", "--max-batch-size", "0"], "max_batch_size"),
+    (["simulate", "--rate", "100", "--max-batch-size", "x"], "--max-batch-size"),
+    (["simulate", "--rate", "100", "--profile", "missing.json"], "missing.json"),
+    (["simulate"], "--rate"),
+])
+def test_bad_arguments_give_one_line_and_exit_2(argv, words, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        sys.exit(main(argv))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err and err.startswith("batchsim: error:")

@@ -1,0 +1,65 @@
+"""RunResult summaries and queue-length series on hand-built runs."""
+
+import numpy as np
+import pytest
+
+from batchsim.policy import SIZE, TIMEOUT
+from batchsim.result import COMPLETED, EXPIRED, REJECTED, RunRecorder
+
+
+def hand_run():
+    """Four requests: two served together, one rejected, one expired."""
+    rec = RunRecorder(np.array([0.0, 0.1, 0.2, 0.3]), workers=2)
+    rec.dispatch([0, 1], 0.2, 0.5, worker=0, trigger=SIZE)
+    rec.reject(2)
+    rec.expire([3], 0.6)
+    return rec.result()
+
+
+def test_arrays_and_statuses():
+    r = hand_run()
+    np.testing.assert_allclose(r.latency_s[:2], [0.5, 0.4])
+    np.testing.assert_allclose(r.wait_s[:2], [0.2, 0.1])
+    assert np.isnan(r.latency_s[2:]).all() and np.isnan(r.dispatch_s[2:]).all()
+    assert list(r.status) == [COMPLETED, COMPLETED, REJECTED, EXPIRED]
+    assert list(r.batch_id) == [0, 0, -1, -1] and list(r.batch_sizes) == [2]
+
+
+def test_summary_counts_rates_and_goodput():
+    s = hand_run().summary(slo_ms=450.0)
+    assert hand_run().summary(slo_ms=500.0)["goodput"] == pytest.approx(2 / 4)
+    assert s["n_completed"] == 2 and s["n_rejected"] == 1 and s["n_expired"] == 1
+    assert s["throughput_rps"] == pytest.approx(2 / 0.5)
+    assert s["latency_ms_mean"] == pytest.approx(450.0)
+    assert s["latency_ms_max"] == pytest.approx(500.0)
+    assert s["mean_batch_size"] == 2.0
+    assert s["utilization_per_worker"] == pytest.approx([0.3 / 0.5, 0.0])
+    assert s["utilization"] == pytest.approx(0.3)
+    assert s["goodput"] == pytest.approx(1 / 4)  # of 500 and 400 ms, one is within 450 ms
+    assert s["goodput_rps"] == pytest.approx(1 / 0.5)
+
+
+def test_warmup_drops_the_first_requests():
+    rec = RunRecorder(np.array([0.0, 1.0, 2.0, 3.0]), workers=1)
+    for i, t in enumerate([0.0, 1.0, 2.0, 3.0]):
+        rec.dispatch([i], t, t + 0.1 * (i + 1), worker=0, trigger=TIMEOUT)
+    s = rec.result().summary(warmup_frac=0.5)
+    assert s["n_requests"] == 2
+    assert s["latency_ms_mean"] == pytest.approx(350.0)
+    with pytest.raises(ValueError, match="warmup_frac"):
+        rec.result().summary(warmup_frac=1.0)
+    with pytest.raises(ValueError, match="slo_ms"):
+        rec.result().summary(slo_ms=-1)
+
+
+def test_queue_length_steps():
+    times, n = hand_run().queue_length()
+    # 0: +1, 0.1: +1, 0.2: two leave (the rejected one never waits), 0.3: +1, 0.6: -1.
+    np.testing.assert_allclose(times, [0.0, 0.1, 0.2, 0.3, 0.6])
+    assert list(n) == [1, 2, 0, 1, 0]
+
+
+def test_to_pandas():
+    requests, batches = hand_run().to_pandas()
+    assert list(requests["status"]) == ["completed", "completed", "rejected", "expired"]
+    assert list(batches["trigger"]) == ["size"] and batches["size"].tolist() == [2]

@@ -1,0 +1,77 @@
+"""Service models: s(b), jitter, capacity, JSON round trips."""
+
+import math
+
+import numpy as np
+import pytest
+
+import batchsim as bs
+
+
+def test_affine_mean_and_capacity():
+    s = bs.AffineService(base_ms=2.0, per_item_ms=0.5)
+    np.testing.assert_allclose(s.mean_ms([1, 4, 8]), [2.5, 4.0, 6.0])
+    assert s.mean_s(4) == pytest.approx(0.004)
+    assert s.capacity_rps(8) == pytest.approx(8 / 0.006)
+    assert s.capacity_rps(8, workers=3) == pytest.approx(3 * 8 / 0.006)
+
+
+def test_profile_interpolates_and_extrapolates_linearly():
+    p = bs.ProfileService([1, 4, 8], [1.0, 1.0, 3.0])
+    np.testing.assert_allclose(p.mean_ms([1, 2, 4, 6, 8, 10, 16]), [1, 1, 1, 2, 3, 4, 7])
+    # Below the smallest measured size the first segment is extended.
+    q = bs.ProfileService([2, 4], [2.0, 3.0])
+    assert q.mean_ms(1) == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("cv", [0.1, 0.5, 1.0])
+def test_jitter_has_mean_one_and_the_requested_cv(cv):
+    f = bs.AffineService(1.0, 0.1, jitter_cv=cv).jitter_factors(np.random.default_rng(0), 200_000)
+    se_mean = cv / math.sqrt(f.size)
+    assert abs(f.mean() - 1) < 5 * se_mean
+    assert abs(f.std() / f.mean() - cv) < 0.05 * cv
+    assert np.all(f > 0)
+
+
+def test_no_jitter_draws_nothing():
+    rng = np.random.default_rng(0)
+    state = rng.bit_generator.state
+    assert bs.AffineService(1.0, 0.1).jitter_factors(rng, 10) is None
+    assert rng.bit_generator.state == state
+
+
+def test_json_round_trip_keeps_metadata(tmp_path):
+    p = bs.ProfileService([1, 8, 32], [0.5, 0.6, 1.2], jitter_cv=0.05,
+                          metadata={"device": "cpu", "model": "mlp", "dtype": "float32",
+                                    "torch": "2.13.0", "date": "2026-11-26"})
+    p.save(tmp_path / "p.json")
+    q = bs.load_service(tmp_path / "p.json")
+    assert q == p and q.metadata["device"] == "cpu"
+    a = bs.AffineService(1.9, 0.14, 0.2)
+    a.save(tmp_path / "a.json")
+    assert bs.load_service(tmp_path / "a.json") == a
+
+
+@pytest.mark.parametrize("make, name", [
+    (lambda: bs.AffineService(-1.0, 0.1), "base_ms"),
+    (lambda: bs.AffineService(1.0, math.nan), "per_item_ms"),
+    (lambda: bs.AffineService(0.0, 0.0), "base_ms"),
+    (lambda: bs.AffineService(1.0, 0.1, jitter_cv=-0.1), "jitter_cv"),
+    (lambda: bs.ProfileService([], []), "batch_sizes"),
+    (lambda: bs.ProfileService([1, 1], [1.0, 2.0]), "batch_sizes"),
+    (lambda: bs.ProfileService([0, 2], [1.0, 2.0]), "batch_sizes"),
+    (lambda: bs.ProfileService([1, 2], [1.0]), "times_ms"),
+    (lambda: bs.ProfileService([1, 2], [1.0, -2.0]), "times_ms"),
+    (lambda: bs.AffineService(1.0, 0.1).capacity_rps(0), "max_batch_size"),
+    (lambda: bs.load_service("no-such-profile"), "path"),
+])
+def test_bad_service_raises_naming_the_parameter(make, name):
+    with pytest.raises(ValueError, match=name):
+        make()
+
+
+def test_shipped_profiles_load():
+    for name in bs.shipped_profiles():
+        s = bs.load_service(name)
+        assert s.metadata.get("device") and s.metadata.get("model")
+        assert np.all(s.mean_ms(np.arange(1, 65)) > 0)

@@ -1,0 +1,128 @@
+"""Arrival processes: shape, rate, seeding and validation."""
+
+import math
+
+import numpy as np
+import pytest
+
+import batchsim as bs
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def gaps(times):
+    return np.diff(np.r_[0.0, times])
+
+
+def check_sorted_positive(times, n):
+    assert times.shape == (n,)
+    assert np.all(np.diff(times) >= 0) and times[0] >= 0 and np.all(np.isfinite(times))
+
+
+@pytest.mark.parametrize("workload", [
+    bs.Poisson(1000.0), bs.Constant(1000.0), bs.Gamma(1000.0, cv=2.0), bs.Gamma(1000.0, 0.5),
+    bs.Bursty(on_rate_rps=3000.0, off_rate_rps=0.0, mean_on_s=0.05, mean_off_s=0.1),
+    bs.Diurnal(1000.0, 0.5, period_s=5.0),
+])
+def test_mean_rate_matches_within_statistical_error(workload):
+    n = 50_000
+    times = workload.arrivals_s(n, rng(1))
+    check_sorted_positive(times, n)
+    # Empirical mean rate against the model's, within 6 standard errors estimated by
+    # batch means over 50 chunks (robust to the correlation in bursty and diurnal traffic;
+    # the Diurnal period of 5 s is short against the ~50 s run).
+    k = 50
+    per_chunk = np.array([c.size / (c[-1] - c[0]) for c in np.array_split(times, k)])
+    se = per_chunk.std(ddof=1) / math.sqrt(k)
+    assert abs(n / times[-1] - workload.rate_rps) < 6 * se
+
+
+def test_poisson_gaps_are_exponential():
+    g = gaps(bs.Poisson(200.0).arrivals_s(100_000, rng()))
+    # Mean 1/rate and CV 1, each within 5 standard errors.
+    assert abs(g.mean() - 0.005) < 5 * 0.005 / math.sqrt(g.size)
+    assert abs(g.std() / g.mean() - 1.0) < 5 * math.sqrt(2.0 / g.size) * 1.5
+
+
+def test_gamma_gap_cv():
+    g = gaps(bs.Gamma(100.0, cv=0.5).arrivals_s(100_000, rng()))
+    assert abs(g.std() / g.mean() - 0.5) < 0.01
+
+
+def test_constant_is_exact():
+    times = bs.Constant(4.0).arrivals_s(5, rng())
+    np.testing.assert_array_equal(times, [0.25, 0.5, 0.75, 1.0, 1.25])
+
+
+def test_ramp_rate_rises():
+    w = bs.Ramp(100.0, 1000.0, duration_s=20.0)
+    times = w.arrivals_s(20_000, rng())
+    early = np.sum(times < 2.0) / 2.0
+    late = np.sum((times > 18.0) & (times < 20.0)) / 2.0
+    # Expected mean counts 190/s and 955/s: Poisson counts, 6 sigma apart from each other.
+    assert abs(early - 190.0) < 6 * math.sqrt(190 * 2) / 2
+    assert abs(late - 955.0) < 6 * math.sqrt(955 * 2) / 2
+
+
+def test_bursty_is_overdispersed():
+    w = bs.Bursty(on_rate_rps=5000.0, off_rate_rps=100.0, mean_on_s=0.02, mean_off_s=0.08)
+    times = w.arrivals_s(50_000, rng())
+    counts = np.bincount((times / 0.01).astype(int))
+    assert counts.var() / counts.mean() > 5  # Poisson would give 1
+
+
+def test_same_seed_same_arrivals_and_different_seed_differs():
+    w = bs.Bursty(2000.0, 10.0, 0.01, 0.02)
+    np.testing.assert_array_equal(w.arrivals_s(1000, rng(3)), w.arrivals_s(1000, rng(3)))
+    assert not np.array_equal(w.arrivals_s(1000, rng(3)), w.arrivals_s(1000, rng(4)))
+
+
+@pytest.mark.parametrize("workload", [
+    bs.Poisson(100.0), bs.Gamma(100.0, 2.0), bs.Bursty(300.0, 30.0, 1.0, 2.0),
+    bs.Ramp(50.0, 150.0, 10.0), bs.Diurnal(100.0), bs.Trace([0.1, 0.2, 0.4]),
+])
+def test_with_rate_rescales_the_mean_rate(workload):
+    assert math.isclose(workload.with_rate(250.0).rate_rps, 250.0)
+    assert type(workload.with_rate(250.0)) is type(workload)
+
+
+@pytest.mark.parametrize("make, name", [
+    (lambda: bs.Poisson(-1.0), "rate_rps"),
+    (lambda: bs.Poisson(math.nan), "rate_rps"),
+    (lambda: bs.Poisson(math.inf), "rate_rps"),
+    (lambda: bs.Constant(0), "rate_rps"),
+    (lambda: bs.Gamma(10.0, cv=0), "cv"),
+    (lambda: bs.Bursty(10.0, -1.0, 1.0, 1.0), "off_rate_rps"),
+    (lambda: bs.Bursty(10.0, 1.0, 0.0, 1.0), "mean_on_s"),
+    (lambda: bs.Ramp(10.0, 0.0, 1.0), "end_rps"),
+    (lambda: bs.Diurnal(10.0, amplitude=1.5), "amplitude"),
+    (lambda: bs.Trace([]), "times_s"),
+    (lambda: bs.Trace([0.2, 0.1]), "times_s"),
+    (lambda: bs.Trace([-0.1, 0.1]), "times_s"),
+    (lambda: bs.Trace([0.1, math.nan]), "times_s"),
+    (lambda: bs.Poisson(10.0).arrivals_s(0, rng()), "n_requests"),
+    (lambda: bs.Trace([0.1, 0.2]).arrivals_s(3), "n_requests"),
+])
+def test_bad_workloads_raise_naming_the_parameter(make, name):
+    with pytest.raises(ValueError, match=name):
+        make()
+
+
+def test_trace_keeps_times_and_reads_csv(tmp_path):
+    t = bs.Trace([0.0, 0.1, 0.1, 0.35])
+    np.testing.assert_array_equal(t.arrivals_s(None), [0.0, 0.1, 0.1, 0.35])
+    np.testing.assert_array_equal(t.arrivals_s(2), [0.0, 0.1])
+    with_header = tmp_path / "h.csv"
+    with_header.write_text("id,arrival_s\n1,0.5\n2,0.75\n")
+    np.testing.assert_array_equal(bs.Trace.from_csv(with_header, "arrival_s").times_s, [0.5, 0.75])
+    bare = tmp_path / "b.csv"
+    bare.write_text("0.1\n0.2\n")
+    np.testing.assert_array_equal(bs.Trace.from_csv(bare).times_s, [0.1, 0.2])
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrival_s\n0.1\nsoon\n")
+    with pytest.raises(ValueError, match="not all numbers"):
+        bs.Trace.from_csv(bad)
+    with pytest.raises(ValueError, match="column 'x'"):
+        bs.Trace.from_csv(with_header, "x")
