@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from . import theory
 from .policy import BatchPolicy
 from .result import COMPLETED, EXPIRED, REJECTED, RunResult
 from .service import AffineService, ProfileService, load_service, shipped_profiles
@@ -27,5 +28,5 @@ __all__ = [
     "BatchPolicy", "RunResult", "COMPLETED", "REJECTED", "EXPIRED",
     "AffineService", "ProfileService", "load_service", "shipped_profiles",
     "simulate", "Workload", "Poisson", "Constant", "Gamma", "Bursty", "Ramp", "Diurnal",
-    "Trace", "quick",
+    "Trace", "quick", "theory",
 ]
