@@ -1,7 +1,8 @@
 """batchsim: see why an inference server should wait a few milliseconds to fill a batch.
 
-``import batchsim as bs`` is light: it loads numpy only. SimPy loads when a simulation
-runs and torch when the real batcher (``batchsim.real``) is used.
+``import batchsim as bs`` is light: it loads numpy only. SimPy loads when a SimPy-engine
+simulation runs, pandas when a sweep does, and torch when the real batcher
+(``batchsim.real``) is used.
 """
 
 from __future__ import annotations
@@ -9,10 +10,12 @@ from __future__ import annotations
 import os
 
 from . import theory
+from .plan import Recommendation, recommend
 from .policy import BatchPolicy
 from .result import COMPLETED, EXPIRED, REJECTED, RunResult
 from .service import AffineService, ProfileService, load_service, shipped_profiles
 from .sim import simulate
+from .sweep import sweep
 from .workload import Bursty, Constant, Diurnal, Gamma, Poisson, Ramp, Trace, Workload
 
 __version__ = "0.1.0"
@@ -28,5 +31,5 @@ __all__ = [
     "BatchPolicy", "RunResult", "COMPLETED", "REJECTED", "EXPIRED",
     "AffineService", "ProfileService", "load_service", "shipped_profiles",
     "simulate", "Workload", "Poisson", "Constant", "Gamma", "Bursty", "Ramp", "Diurnal",
-    "Trace", "quick", "theory",
+    "Trace", "quick", "theory", "sweep", "recommend", "Recommendation",
 ]

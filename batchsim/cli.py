@@ -37,8 +37,12 @@ def _service_spec(text: str):
     return AffineService(base_ms, per_item_ms)
 
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """Arguments shared by commands that simulate: arrivals, service, workers, n, seed."""
+def add_model_arguments(p: argparse.ArgumentParser, grid: bool = False) -> None:
+    """Arguments shared by commands that simulate: arrivals, service, workers, n, seed.
+
+    With ``grid`` (sweeps), ``--workers`` and ``--seed`` take several values.
+    """
+    several = {"nargs": "+"} if grid else {}
     p.add_argument("--rate", type=float, required=True, help="mean arrival rate, requests/s")
     p.add_argument("--arrivals", choices=["poisson", "constant", "gamma"], default="poisson")
     p.add_argument("--cv", type=float, default=1.0, help="gap CV for --arrivals gamma")
@@ -47,9 +51,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                      help="affine:BASE_MS,PER_ITEM_MS (default %(default)s)")
     svc.add_argument("--profile", help="service profile JSON file or shipped profile name")
     p.add_argument("--jitter-cv", type=float, default=0.0, help="service-time CV")
-    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--workers", type=int, default=[1] if grid else 1, **several)
     p.add_argument("-n", "--n-requests", type=int, default=100_000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=[0] if grid else 0, **several)
     p.add_argument("--engine", default="auto")
 
 
@@ -109,8 +113,144 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _args_profile(p):
+    p.add_argument("--model", choices=["mlp", "cnn", "encoder"], required=True)
+    p.add_argument("--size", choices=["default", "tiny"], default="default")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--dtype", default="float32", help="float32, bfloat16, float16")
+    p.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256,512")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--compute-only", action="store_true",
+                   help="inputs already on the device, no copies (default: end to end)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--out", required=True, help="profile JSON file to write")
+
+
+def _run_profile(args) -> int:
+    import torch
+
+    from .real.models import make_model
+    from .real.profiler import profile_model
+
+    try:
+        sizes = [int(b) for b in args.batch_sizes.split(",")]
+    except ValueError:
+        raise ValueError(f"--batch-sizes must be integers separated by commas, "
+                         f"got {args.batch_sizes!r}") from None
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    model = make_model(args.model, device=args.device, dtype=args.dtype, size=args.size)
+    service = profile_model(model, sizes, repeats=args.repeats,
+                            end_to_end=not args.compute_only)
+    service.save(args.out)
+    meta = service.metadata
+    print(f"{meta['model']} {meta['dtype']} on {meta['device']} -> {args.out}")
+    for b, t_ms, p90_ms in zip(service.batch_sizes, service.times_ms, meta["p90_ms"],
+                               strict=True):
+        print(f"  b={b:<5} s(b) median {t_ms:9.4f} ms   p90 {p90_ms:9.4f} ms")
+    return 0
+
+
+def _args_sweep(p):
+    add_model_arguments(p, grid=True)
+    p.add_argument("--max-batch-size", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    p.add_argument("--max-wait-ms", type=float, nargs="+", default=[0.0, 1.0, 2.0, 5.0, 10.0])
+    p.add_argument("--load", type=float, nargs="+", default=None,
+                   help="fractions of capacity (rescale --rate); default: --rate itself")
+    p.add_argument("--slo-ms", type=float, default=None, help="goodput columns, SLO line")
+    p.add_argument("--warmup-frac", type=float, default=0.0)
+    p.add_argument("--out", help="CSV file for the results (one row per run)")
+    p.add_argument("--plot", help="PNG file: latency vs throughput (give several --load "
+                   "values for curves) and a p99 heatmap")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _run_sweep(args) -> int:
+    from .sweep import sweep
+
+    workload, service = model_from_args(args)
+    df = sweep(workload, service, args.max_batch_size, args.max_wait_ms, load=args.load,
+               workers=args.workers, seeds=args.seed, n_requests=args.n_requests,
+               engine=args.engine, progress=not args.no_progress, slo_ms=args.slo_ms,
+               warmup_frac=args.warmup_frac)
+    if args.out:
+        df.to_csv(args.out, index=False)
+    if args.plot:
+        _plot_sweep(df, args.plot, args.slo_ms)
+    shown = [c for c in ("max_batch_size", "max_wait_ms", "load", "workers", "seed",
+                         "throughput_rps", "latency_ms_p50", "latency_ms_p99",
+                         "mean_batch_size") if c in df.columns]
+    print(df[shown].to_string(index=False, max_rows=40, float_format="{:.4g}".format))
+    return 0
+
+
+def _plot_sweep(df, path, slo_ms) -> None:
+    """Latency against throughput (one curve per max_wait_ms) beside a p99 heatmap.
+
+    The heatmap holds workers and load at their first values; with several loads, the
+    curves run over load at the largest max_batch_size.
+    """
+    from matplotlib.figure import Figure
+
+    from .viz.plots import frontier, heatmap
+
+    workers = df["workers"].iloc[0]
+    held = df[df["workers"] == workers]
+    curves, note = held, f"workers={workers}"
+    if "load" in df.columns:
+        if held["load"].nunique() > 1:
+            biggest = held["max_batch_size"].max()
+            curves = held[held["max_batch_size"] == biggest]
+            note += f", max_batch_size={biggest}, over load"
+        held = held[held["load"] == df["load"].iloc[0]]
+    fig = Figure(figsize=(14, 5), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    frontier(curves, ax=left).set_title(note)
+    heatmap(held, "latency_ms_p99", slo_ms=slo_ms, ax=right).set_title(
+        f"workers={workers}" + (f", load={df['load'].iloc[0]:g}" if "load" in df.columns
+                                else f", rate={df['rate_rps'].iloc[0]:g} requests/s"))
+    fig.savefig(path, dpi=110)
+
+
+def _args_recommend(p):
+    add_model_arguments(p, grid=True)
+    p.set_defaults(workers=[1, 2, 4], n_requests=50_000)
+    p.add_argument("--slo-ms", type=float, required=True)
+    p.add_argument("--percentile", type=float, default=99, choices=[50, 90, 95, 99])
+    p.add_argument("--max-batch-size", type=int, nargs="+",
+                   default=[1, 2, 4, 8, 16, 32, 64, 128])
+    p.add_argument("--max-wait-ms", type=float, nargs="+", default=None,
+                   help="default: 0 and 1/32 ... 1/2 of the SLO")
+    p.add_argument("--out", help="CSV file for the evidence (every configuration)")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _run_recommend(args) -> int:
+    """Print the recommendation; exit code 1 when nothing meets the SLO."""
+    from .plan import recommend
+
+    workload, service = model_from_args(args)
+    rec = recommend(workload, service, args.slo_ms, args.percentile, workers=args.workers,
+                    max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
+                    n_requests=args.n_requests, seeds=args.seed, engine=args.engine,
+                    progress=not args.no_progress)
+    if args.out:
+        rec.evidence.to_csv(args.out, index=False)
+    print(rec.reason)
+    if len(rec.runner_ups):
+        print("runner-ups:")
+        print(rec.runner_ups.to_string(index=False, float_format="{:.4g}".format))
+    return 0 if rec.met else 1
+
+
 COMMANDS = {
     "simulate": ("simulate one policy and print its summary", _args_simulate, _run_simulate),
+    "sweep": ("simulate a grid of policies and write a CSV and a plot", _args_sweep,
+              _run_sweep),
+    "recommend": ("the policy and worker count that meet a latency SLO", _args_recommend,
+                  _run_recommend),
+    "profile": ("measure a zoo model's service time s(b) into a profile JSON",
+                _args_profile, _run_profile),
 }
 
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import _check
 
 #: Why a batch left: the queue reached max_batch_size, the oldest request waited
@@ -73,19 +75,30 @@ def dispatch_time_s(policy: BatchPolicy, free_s: float, oldest_arrival_s: float,
     queue ``max_batch_size`` long (``inf`` while it is shorter); ``close_s``: when the
     stream closes (``inf`` while open). An engine that knows the future (the fast
     engine) passes future instants; an online one (SimPy, the real batcher) passes what
-    it knows now and dispatches when the answer is ``<= now``.
+    it knows now and dispatches when the answer is ``<= now``. Works elementwise on
+    numpy arrays too (the fast engine asks for every possible head of the queue at once).
     """
-    trigger_s = min(full_arrival_s, oldest_arrival_s + policy.max_wait_s, close_s)
-    return max(free_s, trigger_s)
+    least, most = ((np.minimum, np.maximum) if isinstance(oldest_arrival_s, np.ndarray)
+                   else (min, max))
+    trigger_s = least(least(full_arrival_s, oldest_arrival_s + policy.max_wait_s), close_s)
+    return most(free_s, trigger_s)
 
 
 def trigger(policy: BatchPolicy, now_s: float, n_waiting: int, oldest_arrival_s: float) -> int:
-    """Which trigger let a batch formed at ``now_s`` go: SIZE, TIMEOUT, else FLUSH."""
-    if n_waiting >= policy.max_batch_size:
-        return SIZE
-    if now_s >= oldest_arrival_s + policy.max_wait_s:
-        return TIMEOUT
-    return FLUSH
+    """Which trigger let a batch formed at ``now_s`` go: SIZE, TIMEOUT, else FLUSH.
+
+    Works elementwise on numpy arrays too (the fast engine labels all its batches at once).
+    """
+    full = n_waiting >= policy.max_batch_size
+    late = now_s >= oldest_arrival_s + policy.max_wait_s
+    return _pick(full, SIZE, _pick(late, TIMEOUT, FLUSH))
+
+
+def _pick(cond, if_true, if_false):
+    """``if_true if cond else if_false``, elementwise when ``cond`` is a numpy array."""
+    if isinstance(cond, np.ndarray):
+        return np.where(cond, if_true, if_false)
+    return if_true if cond else if_false
 
 
 def batch_size(policy: BatchPolicy, n_waiting: int) -> int:

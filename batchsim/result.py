@@ -13,8 +13,10 @@ import numpy as np
 
 from .policy import TRIGGER_NAMES
 
-COMPLETED, REJECTED, EXPIRED = 0, 1, 2
-STATUS_NAMES = ("completed", "rejected", "expired")
+#: FAILED (real batcher only): never served -- the model raised on it, its caller
+#: cancelled it, or the batcher closed without draining.
+COMPLETED, REJECTED, EXPIRED, FAILED = 0, 1, 2, 3
+STATUS_NAMES = ("completed", "rejected", "expired", "failed")
 
 
 @dataclass(eq=False)
@@ -23,7 +25,7 @@ class RunResult:
 
     Per request (arrival order): ``arrival_s``, ``dispatch_s`` (its batch left),
     ``finish_s`` (its batch finished), ``batch_id`` (index into the batch arrays, -1 if
-    none), ``status`` (COMPLETED / REJECTED / EXPIRED codes, names in STATUS_NAMES) and
+    none), ``status`` (COMPLETED / REJECTED / EXPIRED / FAILED codes, names in STATUS_NAMES) and
     ``dequeue_s`` (when it left the waiting queue: dispatch, expiry, or its arrival if
     rejected; used for queue lengths). Per batch (dispatch order): ``start_s``,
     ``end_s``, ``size``, ``worker`` and ``trigger`` (policy.SIZE / TIMEOUT / FLUSH).
@@ -94,8 +96,13 @@ class RunResult:
         per_worker = np.bincount(self.worker, weights=busy, minlength=self.workers)
         per_worker = per_worker / span_s if span_s > 0 else np.zeros(self.workers)
 
+        # One partition for all percentiles (sweeps summarise hundreds of runs).
+        qs = (50, 90, 95, 99)
+        at = dict(zip(qs, np.percentile(lat_ms, qs).tolist() if lat_ms.size
+                      else [float("nan")] * len(qs), strict=True))
+
         def pct(q):
-            return float(np.percentile(lat_ms, q)) if lat_ms.size else float("nan")
+            return at[q]
 
         out = {
             "throughput_rps": float(done.sum() / span_s) if span_s > 0 else float("nan"),
@@ -113,6 +120,7 @@ class RunResult:
             "n_completed": int(done.sum()),
             "n_rejected": int((status == REJECTED).sum()),
             "n_expired": int((status == EXPIRED).sum()),
+            "n_failed": int((status == FAILED).sum()),
         }
         if slo_ms is not None:
             slo = _check.positive("slo_ms", slo_ms)
@@ -182,6 +190,12 @@ class RunRecorder:
     def expire(self, ids, now_s: float) -> None:
         self.status[ids] = EXPIRED
         self.dequeue_s[ids] = now_s
+
+    def fail(self, ids, now_s: float) -> None:
+        """Requests never served (FAILED); those not dispatched left the queue at ``now_s``."""
+        self.status[ids] = FAILED
+        self.finish_s[ids] = np.nan
+        self.dequeue_s[ids] = np.where(np.isnan(self.dequeue_s[ids]), now_s, self.dequeue_s[ids])
 
     @property
     def n_batches(self) -> int:

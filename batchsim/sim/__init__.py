@@ -1,7 +1,10 @@
 """``simulate()``: run the dispatch rule on a workload with a service model.
 
-Engines: ``"simpy"`` (the readable discrete-event reference, ``des.py``). SimPy is
-imported only when a simulation runs, so ``import batchsim`` stays light.
+Engines: ``"simpy"`` (the readable discrete-event reference, ``des.py``), ``"fast"``
+(the same runs, request for request, one loop step per batch: ``fast.py``) and
+``"auto"``, the default: fast, unless the run needs something only SimPy does exactly
+(fast raises NotImplementedError naming it). SimPy is imported only when a SimPy run
+happens, so ``import batchsim`` stays light.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from ..seeding import streams
 from ..service import ServiceModel
 from ..workload import Trace, Workload
 
-ENGINES = ("simpy", "auto")
+ENGINES = ("auto", "fast", "simpy")
 
 
 def simulate(workload: Workload, policy: BatchPolicy, service: ServiceModel,
@@ -28,6 +31,7 @@ def simulate(workload: Workload, policy: BatchPolicy, service: ServiceModel,
     ``seed`` (an int >= 0 or a ``numpy.random.SeedSequence``) fixes the arrivals and
     the service jitter, each from its own child stream: the same seed gives the same
     run on every engine. ``n_requests`` may be left out for a ``Trace`` (all of it).
+    ``engine``: ``"auto"`` (fast where it can, else SimPy), ``"fast"`` or ``"simpy"``.
     """
     if not isinstance(workload, Workload):
         raise ValueError(f"workload must be a batchsim workload (Poisson, Trace, ...), "
@@ -51,8 +55,18 @@ def simulate(workload: Workload, policy: BatchPolicy, service: ServiceModel,
     batch_time_s = np.asarray(service.mean_s(np.arange(policy.max_batch_size + 1)), float)
     jitter = service.jitter_factors(service_rng, arrival_s.size)
 
-    from . import des
+    res = None
+    if engine != "simpy":
+        from . import fast
 
-    res = des.run(arrival_s, policy, batch_time_s, jitter, workers)
+        try:
+            res = fast.run(arrival_s, policy, batch_time_s, jitter, workers)
+        except NotImplementedError:
+            if engine == "fast":
+                raise
+    if res is None:
+        from . import des
+
+        res = des.run(arrival_s, policy, batch_time_s, jitter, workers)
     res.meta.update(workload=repr(workload), policy=policy, service=service, seed=seed)
     return res

@@ -1,0 +1,307 @@
+"""The fast engine: the same runs as the SimPy engine, one batch per loop step.
+
+A discrete-event engine spends its time on events: one per arrival, one per batch end,
+one per timer. This engine knows the whole arrival stream in advance, so it jumps from
+one batch to the next: the next batch leaves at ``policy.dispatch_time_s(free, oldest,
+full, close)``, where ``full`` is the arrival of the ``max_batch_size``-th waiting
+request -- a *future* arrival, read off the sorted arrival times -- and ``close`` the
+last arrival. The waiting requests at that instant are found by binary search. Each
+batch costs a few Python operations; per-request work is done with numpy afterwards.
+
+While nobody is turned away, the waiting requests are a window ``[head, arrivals so
+far)`` of the arrival array, so the trigger instants of every possible head come from
+one vectorised call of the rule and the loop only adds "not before a worker is free"
+(``dispatch_time_s(free, ...) == max(free, dispatch_time_s(-inf, ...))``). When a
+``max_queue_size`` is about to turn arrivals away, the engine switches to a loop that
+takes arrivals in one batch at a time, rejecting some, and asks the rule batch by batch;
+once the queue has drained it switches back. Either way the decisions are the functions
+of ``batchsim.policy``.
+
+Ties follow the SimPy engine: at one instant, arrivals are taken in (and checked for
+rejection) before a batch is formed, so an arrival at the very instant of a dispatch
+joins it; a worker whose batch ends at that instant is free for it.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from bisect import bisect_left, bisect_right
+
+import numpy as np
+
+from .. import policy as rule
+from ..result import COMPLETED, EXPIRED, REJECTED, RunResult
+
+#: Served requests the full-queue loop keeps at the front of its list before dropping them.
+_SERVED_KEPT = 65536
+
+
+def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarray,
+        jitter: np.ndarray | None, workers: int) -> RunResult:
+    """Simulate the rule on the given arrivals (same contract as ``des.run``).
+
+    Raises NotImplementedError when a batch's service time vanishes next to its start
+    time in floating point (``start + s == start``): the SimPy engine then orders the
+    worker's release after the decision of that instant, which this engine does not model.
+    """
+    loop = _Loop(arrival_s, policy, batch_time_s, jitter, workers)
+    head = 0
+    while head < arrival_s.size:
+        head = loop.open_queue(head)
+        if head < arrival_s.size:
+            head = loop.full_queue(head)
+    return _assemble(arrival_s, policy, batch_time_s, jitter, workers, loop)
+
+
+class _Loop:
+    """The batch-by-batch loop and what it decided, in compact arrays.
+
+    The two phases (``open_queue``, ``full_queue``) hand over through ``free_at`` (when
+    each worker frees), ``now_s`` (the last decision), ``n_batches`` and ``n_rejected``.
+    Batches are logged by queue *position*: the index among accepted requests in arrival
+    order (the arrival index while nobody has been rejected). ``head`` is a batch's first
+    position, ``oldest`` the first waiting position when it was decided (logged only with
+    ``timeout_ms``: expired requests leave first), ``size`` its size (logged when heads
+    alone do not give it), ``worker`` its worker (logged with several workers).
+    """
+
+    def __init__(self, arrival_s, policy, batch_time_s, jitter, workers):
+        self.arrival_s, self.policy = arrival_s, policy
+        self.bt = batch_time_s.tolist()
+        self.jit = None if jitter is None else memoryview(jitter)
+        self.free_at = [-math.inf] * workers
+        self.now_s = -math.inf
+        self.n_batches = self.n_rejected = 0
+        self.bounded = policy.max_queue_size is not None
+        self.timeout = policy.timeout_ms is not None
+        self.sized = self.bounded or self.timeout
+        self.start_s, self.head, self.size = array("d"), array("q"), array("q")
+        self.worker, self.oldest = array("q"), array("q")
+        self.expired = []                # (first position, end position, time)
+        self.rejected = []               # (first request index, end index)
+        # Can the queue ever hold max_batch_size, or are arrivals turned away before?
+        self.fills = not rule.rejects(policy, policy.max_batch_size - 1)
+        self._trigger_s = None           # made on first use, kept for the run
+
+    def trigger_s(self) -> memoryview:
+        """When the batch headed by each arrival would leave if a worker were free (while
+        nobody is turned away: the next ``max_batch_size - 1`` arrivals all join)."""
+        if self._trigger_s is None:
+            a, max_b = self.arrival_s, self.policy.max_batch_size
+            full_s = (np.concatenate((a[max_b - 1:], np.full(min(max_b - 1, a.size), math.inf)))
+                      if self.fills else math.inf)
+            self._trigger_s = memoryview(rule.dispatch_time_s(self.policy, -math.inf, a,
+                                                              full_s, a[-1]))
+        return self._trigger_s
+
+    def open_queue(self, h: int) -> int:
+        """Run while nobody is turned away, from an empty queue headed by arrival ``h``.
+
+        Returns the number of arrivals when done, or the head at the last dispatch when
+        the next decision would find arrivals rejected (nothing of it logged).
+        """
+        policy, a, bt, jit = self.policy, memoryview(self.arrival_s), self.bt, self.jit
+        n, max_b = len(a), policy.max_batch_size
+        trigger_s = self.trigger_s()
+        free_at, many = self.free_at, len(self.free_at) > 1
+        bounded, timeout, exact = self.bounded, self.timeout, self.sized
+        put_start, put_head = self.start_s.append, self.head.append
+        put_size, put_oldest, put_worker = (self.size.append, self.oldest.append,
+                                            self.worker.append)
+        offset = self.n_rejected         # arrival index - queue position
+        last_full = n - max_b            # the last head with max_batch_size arrivals after it
+        free_s, now_s, k = free_at[0], self.now_s, self.n_batches
+        while h < n:
+            if many:
+                free_s = min(free_at)
+                if free_s < now_s:
+                    free_s = now_s
+            t = trigger_s[h]             # becomes the decision instant:
+            if t < free_s:               # not before a worker is free
+                t = free_s
+            if exact:                    # count everyone waiting: rejections, expiries
+                end = h + max_b          # (a batch's worth first, the rest only if needed)
+                if end < n and a[end - 1] <= t:
+                    count = bisect_right(a, t, end)
+                else:
+                    count = bisect_right(a, t, h, end if end < n else n)
+                if bounded and rule.rejects(policy, count - h - 1):
+                    break
+                now_s, oldest = t, h
+                if timeout and rule.expired(policy, a[h], now_s):
+                    h = self._purge(a, h, count, now_s, offset)
+                    if h == count:
+                        continue
+                end = h + rule.batch_size(policy, count - h)
+                put_size(end - h)
+                if timeout:
+                    put_oldest(oldest - offset)
+            else:   # the batch: the first min(waiting, max_batch_size), found by a bounded search
+                now_s = t
+                end = bisect_right(a, t, h, h + max_b if h <= last_full else n)
+            if jit is None:
+                service_s = bt[end - h]
+            else:
+                service_s = bt[end - h] * jit[k]
+                k += 1
+            if many:
+                w = 0
+                while free_at[w] > now_s:
+                    w += 1
+                free_at[w] = now_s + service_s
+                put_worker(w)
+            else:
+                free_s = now_s + service_s
+            put_start(now_s)
+            put_head(h - offset)
+            h = end
+        if not many:
+            free_at[0] = free_s
+        self.now_s, self.n_batches = now_s, len(self.start_s)
+        return h
+
+    def full_queue(self, h: int) -> int:
+        """Run from the last dispatch, head ``h``, taking arrivals in (or turning them
+        away) batch by batch, until the queue has drained; returns the next arrival."""
+        policy, bt, jit, free_at = self.policy, self.bt, self.jit, self.free_at
+        max_b, fills, timeout, many = (policy.max_batch_size, self.fills, self.timeout,
+                                       len(free_at) > 1)
+        a = memoryview(self.arrival_s)
+        n, close_s = len(a), a[-1]
+        now_s, k = self.now_s, self.n_batches
+        t = bisect_right(a, now_s, h)    # arrivals taken in so far
+        queue = a[h:t].tolist()          # arrival times of the waiting, oldest first
+        base = h - self.n_rejected       # queue position of queue[0]
+        i = 0                            # queue[i] heads the queue
+        while i < len(queue) or t < n:
+            waiting = len(queue) - i
+            if waiting >= max_b:
+                oldest_s, full_s = queue[i], queue[i + max_b - 1]
+            else:
+                oldest_s = queue[i] if waiting else a[t]
+                j = t + max_b - 1 - waiting
+                full_s = a[j] if fills and j < n else math.inf
+            free_s = min(free_at)
+            now_s = rule.dispatch_time_s(policy, free_s if free_s > now_s else now_s,
+                                         oldest_s, full_s, close_s)
+            count = bisect_right(a, now_s, t)
+            if count > t:
+                let_in = count - t
+                if rule.rejects(policy, waiting + let_in - 1):
+                    let_in = _admitted(policy, waiting, let_in)
+                    self.rejected.append((t + let_in, count))
+                    self.n_rejected += count - t - let_in
+                queue.extend(a[t:t + let_in].tolist())
+                t = count
+            oldest = i
+            if timeout and rule.expired(policy, queue[i], now_s):
+                i = self._purge(queue, i, len(queue), now_s, -base)
+                if i == len(queue):
+                    break
+            b = rule.batch_size(policy, len(queue) - i)
+            w = 0
+            while free_at[w] > now_s:
+                w += 1
+            free_at[w] = now_s + (bt[b] if jit is None else bt[b] * jit[k])
+            self.start_s.append(now_s)
+            self.head.append(base + i)
+            self.size.append(b)
+            if many:
+                self.worker.append(w)
+            if timeout:
+                self.oldest.append(base + oldest)
+            i += b
+            k += 1
+            if i == len(queue):
+                break
+            if i > _SERVED_KEPT:         # an overloaded queue may never drain: forget the
+                del queue[:i]            # served ones now and then
+                base += i
+                i = 0
+        self.now_s, self.n_batches = now_s, k
+        return t
+
+    def _purge(self, queue, h: int, count: int, now_s: float, offset: int) -> int:
+        """Drop the expired requests at the head of ``queue[h:count]``; the new head.
+
+        ``offset`` turns indices into ``queue`` into queue positions (by subtraction).
+        """
+        fresh = bisect_left(queue, True, h, count,
+                            key=lambda arrival_s: not rule.expired(self.policy, arrival_s,
+                                                                   now_s))
+        self.expired.append((h - offset, fresh - offset, now_s))
+        return fresh
+
+
+def _admitted(policy, waiting: int, arriving: int) -> int:
+    """How many of ``arriving`` requests join a queue of ``waiting`` before it is full."""
+    return bisect_left(range(waiting, waiting + arriving), True,
+                       key=lambda n_waiting: rule.rejects(policy, n_waiting))
+
+
+def _runs(first: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """The indices ``first[i], ..., first[i] + length[i] - 1`` for every ``i``, in order."""
+    return np.arange(length.sum()) + np.repeat(first - (np.cumsum(length) - length), length)
+
+
+def _assemble(arrival_s, policy, batch_time_s, jitter, workers, log) -> RunResult:
+    """Per-request and per-batch arrays from the loop's log, with numpy."""
+    n = arrival_s.size
+    start_s = np.frombuffer(log.start_s, float)
+    head = np.frombuffer(log.head, np.int64)
+    # Without rejections and expiries, a batch ends where the next begins.
+    size = np.frombuffer(log.size, np.int64) if log.sized else np.diff(head, append=n)
+    worker = (np.frombuffer(log.worker, np.int64) if len(log.free_at) > 1
+              else np.zeros(start_s.size, np.int64))
+    service_s = batch_time_s[size]
+    end_s = start_s + (service_s if jitter is None else service_s * jitter[:size.size])
+    if np.any(end_s <= start_s):
+        k = int(np.argmax(end_s <= start_s))
+        raise NotImplementedError(
+            f"the fast engine cannot order a batch whose service time vanishes next to its "
+            f"start (batch {k} at t={start_s[k]!r} s); use engine='simpy'")
+
+    status = np.full(n, COMPLETED, np.int8)
+    if log.rejected:
+        first, end = (np.array(col) for col in zip(*log.rejected, strict=True))
+        status[_runs(first, end - first)] = REJECTED
+        accepted = np.flatnonzero(status != REJECTED)
+        queued_s = arrival_s[accepted]
+    else:
+        accepted, queued_s = None, arrival_s
+    oldest = np.frombuffer(log.oldest, np.int64) if log.timeout else head
+    # How many waited when each batch was decided: a batch that took fewer than
+    # max_batch_size took them all (when nothing expired); count the others.
+    n_waiting = size.copy()
+    uncounted = (size == policy.max_batch_size) | (oldest != head)
+    n_waiting[uncounted] = (np.searchsorted(queued_s, start_s[uncounted], side="right")
+                            - oldest[uncounted])
+    trigger = rule.trigger(policy, start_s, n_waiting, queued_s[oldest]).astype(np.int8)
+
+    if size.sum() == n:              # everyone served, in arrival order
+        dispatch_s, finish_s = np.repeat(start_s, size), np.repeat(end_s, size)
+        batch_id = np.repeat(np.arange(size.size), size)
+        dequeue_s = dispatch_s.copy()
+    else:
+        served = _runs(head, size)
+        if accepted is not None:
+            served = accepted[served]
+        dispatch_s, finish_s, dequeue_s = (np.full(n, np.nan) for _ in range(3))
+        batch_id = np.full(n, -1, np.int64)
+        dispatch_s[served] = dequeue_s[served] = np.repeat(start_s, size)
+        finish_s[served] = np.repeat(end_s, size)
+        batch_id[served] = np.repeat(np.arange(size.size), size)
+        if log.expired:
+            first, end, when_s = (np.array(col) for col in zip(*log.expired, strict=True))
+            gone = _runs(first, end - first)
+            if accepted is not None:
+                gone = accepted[gone]
+            status[gone] = EXPIRED
+            dequeue_s[gone] = np.repeat(when_s, end - first)
+        turned_away = status == REJECTED
+        dequeue_s[turned_away] = arrival_s[turned_away]
+    return RunResult(arrival_s=arrival_s, dispatch_s=dispatch_s, finish_s=finish_s,
+                     batch_id=batch_id, status=status, dequeue_s=dequeue_s, start_s=start_s,
+                     end_s=end_s, size=size, worker=worker, trigger=trigger, workers=workers,
+                     meta={"engine": "fast"})
