@@ -1,0 +1,251 @@
+"""Drive a real batcher with load and record the run as a RunResult.
+
+``run_load`` replays a workload open loop: the arrival times are the ones the simulator
+draws for the same seed (``batchsim.seeding``), so a real run and a simulated one see
+the same requests. It sleeps until each arrival -- never spins: a spinning thread holds
+the GIL for whole switch intervals (5 ms) and would slow the batcher it measures -- and
+reports its own lateness (recorded arrival minus scheduled arrival) in the result's
+``meta``, so a user can tell when the harness, not the batcher, is the limit.
+
+``run_saturated`` is the closed-loop counterpart: it keeps a window of requests
+outstanding, which measures the most a batcher can serve.
+
+The target is a ``DynamicBatcher`` (not yet started), a naive ``InferenceBatcher``
+(driven the way tutorials drive it: a task on the event loop polls it every
+``poll_ms``), or a model, served by a new ``DynamicBatcher(model, policy, workers,
+device)``. Both functions are synchronous; inside a running event loop (Jupyter) they
+run their own loop on a helper thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import numbers
+import time
+from collections import deque
+
+import numpy as np
+import torch
+
+from .. import _check
+from .. import policy as rule
+from ..policy import BatchPolicy
+from ..result import RunResult
+from ..seeding import streams
+from ..workload import Workload
+from .batcher import DynamicBatcher, QueueFullError, RunLog
+from .naive import InferenceBatcher
+
+
+def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
+             n_requests: int = 1000, seed=0, *, inputs=None, workers: int = 1, device=None,
+             poll_ms: float = 1.0, max_burst: int = 64) -> RunResult:
+    """Replay ``n_requests`` arrivals of ``workload`` (seeded) open loop against ``target``.
+
+    ``inputs``: a ``(m, *shape)`` tensor whose rows are sent in turn (default: 64 random
+    inputs of the model's ``input_spec``). When the harness falls behind it submits
+    what is due, at most ``max_burst`` at a time, before letting the batcher run.
+    ``meta`` of the result holds ``scheduled_s`` (the drawn arrivals) and the lateness
+    of the submissions, ``lateness_ms_p50`` / ``_p99`` / ``_max``.
+    """
+    if not isinstance(workload, Workload):
+        raise ValueError(f"workload must be a batchsim workload, got {workload!r}")
+    n = _check.positive_int("n_requests", n_requests)
+    burst = _check.positive_int("max_burst", max_burst)
+    if not isinstance(seed, np.random.SeedSequence) and (
+            isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
+        raise ValueError(f"seed must be an integer >= 0 or a SeedSequence, got {seed!r}")
+    server = _server(target, policy, workers, device, poll_ms)
+    rows = _rows(server, inputs)
+    arrival_rng, _ = streams(seed)
+    scheduled_s = np.asarray(workload.arrivals_s(n, arrival_rng), float)
+
+    async def replay():
+        await server.start()
+        pending: deque = deque()
+        i = 0
+        while i < n:
+            sent = 0
+            while i < n and sent < burst and scheduled_s[i] <= server.now_s():
+                _submit(server, rows[i % len(rows)], pending)
+                i += 1
+                sent += 1
+            _release(pending)
+            if i < n:
+                await asyncio.sleep(max(0.0, scheduled_s[i] - server.now_s()))
+        await server.close()
+        _release(pending)
+        return server.result()
+
+    res = _run(replay)
+    late_ms = 1000.0 * (res.arrival_s - scheduled_s)
+    res.meta.update(harness="open loop", workload=repr(workload), seed=seed,
+                    scheduled_s=scheduled_s,
+                    lateness_ms_p50=float(np.percentile(late_ms, 50)),
+                    lateness_ms_p99=float(np.percentile(late_ms, 99)),
+                    lateness_ms_max=float(late_ms.max()))
+    return res
+
+
+def run_saturated(target, n_requests: int, policy: BatchPolicy | None = None, *,
+                  inputs=None, window: int | None = None, workers: int = 1, device=None,
+                  poll_ms: float = 1.0) -> RunResult:
+    """Serve ``n_requests`` keeping ``window`` of them outstanding (closed loop).
+
+    The default window, ``2 * (workers + 1) * max_batch_size``, keeps a full batch
+    waiting whenever a worker frees up, so the result's throughput is the batcher's
+    capacity with this model.
+    """
+    n = _check.positive_int("n_requests", n_requests)
+    server = _server(target, policy, workers, device, poll_ms)
+    rows = _rows(server, inputs)
+    if window is None:
+        window = 2 * (server.workers + 1) * server.max_batch_size
+    window = _check.positive_int("window", window)
+
+    async def saturate():
+        await server.start()
+        pending: deque = deque()
+        for i in range(n):
+            if len(pending) >= window:
+                oldest = pending.popleft()
+                if not oldest.done():
+                    await asyncio.wait((oldest,))
+                _settle(oldest)
+            _submit(server, rows[i % len(rows)], pending)
+        await server.close()
+        _release(pending)
+        return server.result()
+
+    res = _run(saturate)
+    res.meta.update(harness="saturated", window=window)
+    return res
+
+
+def _submit(server, x, pending: deque) -> None:
+    try:
+        pending.append(server.submit_nowait(x))
+    except QueueFullError:
+        pass  # recorded as rejected by the batcher
+
+
+def _settle(fut) -> None:
+    """Mark a finished future's outcome as seen (no 'exception never retrieved' noise)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _release(pending: deque) -> None:
+    """Drop finished futures from the front, so finished outputs are not kept alive."""
+    while pending and pending[0].done():
+        _settle(pending.popleft())
+
+
+def _run(make_coro):
+    """Run ``make_coro()`` to completion, on a helper thread if a loop is running here."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make_coro())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, make_coro()).result()
+
+
+def _rows(server, inputs) -> list:
+    """The inputs to send, as a list of per-request tensors."""
+    if inputs is None:
+        spec = server.input_spec
+        if spec is None:
+            raise ValueError("inputs is required when the model has no input_spec, got None")
+        inputs = spec.random(64)
+    if isinstance(inputs, np.ndarray):
+        inputs = torch.from_numpy(inputs)
+    if not isinstance(inputs, torch.Tensor) or inputs.ndim < 1 or len(inputs) == 0:
+        raise ValueError(f"inputs must be a non-empty (m, *shape) tensor, got {inputs!r}")
+    return list(inputs.unbind(0))
+
+
+def _server(target, policy, workers, device, poll_ms):
+    if isinstance(target, DynamicBatcher):
+        if policy is not None and policy != target.policy:
+            raise ValueError(f"policy must be None or the batcher's own {target.policy}, "
+                             f"got {policy!r}")
+        return target
+    if isinstance(target, InferenceBatcher):
+        if policy is not None:
+            raise ValueError(f"policy must be None for an InferenceBatcher (it has its own "
+                             f"max_batch_size and max_wait_ms), got {policy!r}")
+        return _Polled(target, poll_ms)
+    if policy is None:
+        raise ValueError("policy is required to serve a model, got None")
+    return DynamicBatcher(target, policy, workers=workers, device=device)
+
+
+class _Polled:
+    """Serve an InferenceBatcher the way tutorials do, with DynamicBatcher's interface.
+
+    A task on the event loop asks ``should_process()``, runs ``process_batch()`` (on
+    the loop itself) when it says yes, and sleeps ``poll_ms`` between checks.
+    """
+
+    workers = 1
+
+    def __init__(self, batcher: InferenceBatcher, poll_ms: float):
+        self.batcher = batcher
+        self.poll_s = _check.positive("poll_ms", poll_ms) / 1000.0
+        self.max_batch_size = batcher.max_batch_size
+        self.input_spec = getattr(batcher.model_fn, "input_spec", None)
+        self.log = RunLog()
+        self.futures: dict[int, asyncio.Future] = {}
+        self.closing = False
+
+    async def start(self):
+        self.loop = asyncio.get_running_loop()
+        self.t0 = time.perf_counter()
+        self.task = asyncio.create_task(self._poll())
+
+    def now_s(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def submit_nowait(self, x):
+        rid = len(self.log.arrival_s)
+        self.log.arrival_s.append(self.now_s())
+        fut = self.futures[rid] = self.loop.create_future()
+        self.batcher.add_request(x, rid)
+        return fut
+
+    async def close(self):
+        self.closing = True
+        await self.task
+
+    def result(self) -> RunResult:
+        b = self.batcher
+        return self.log.result(1, engine="naive", max_batch_size=b.max_batch_size,
+                               max_wait_ms=b.max_wait_ms, poll_ms=1000.0 * self.poll_s)
+
+    async def _poll(self):
+        b = self.batcher
+        while not (self.closing and not len(b)):
+            ready = b.should_process()
+            if ready or (self.closing and len(b)):
+                trigger = (rule.SIZE if len(b) >= b.max_batch_size
+                           else rule.TIMEOUT if ready else rule.FLUSH)
+                ids = [rid for rid, _, _ in b.queue[:b.max_batch_size]]
+                start_s = self.now_s()
+                k = self.log.batch(ids, start_s, 0, trigger)
+                try:
+                    done = [(r["id"], r["output"]) for r in b.process_batch()]
+                except Exception as e:  # the naive batcher loses the whole batch
+                    done = [(rid, e) for rid in ids]
+                    self.log.failed.append((ids, self.now_s()))
+                self.log.batches[k][2] = self.now_s()
+                for rid, out in done:
+                    fut = self.futures.pop(rid)
+                    if fut.done():  # cancelled by its caller
+                        continue
+                    if isinstance(out, BaseException):
+                        fut.set_exception(out)
+                    else:
+                        fut.set_result(out)
+            await asyncio.sleep(self.poll_s)

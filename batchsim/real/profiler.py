@@ -1,0 +1,156 @@
+"""Measure a model's service time ``s(b)`` and the batcher's own cost on top of it.
+
+``profile_model`` times one batch of each size ``b``, ``repeats`` times after a warm-up,
+and returns a ``ProfileService`` of the medians (p90s and provenance in its metadata),
+ready for the simulator. ``end_to_end=True`` times what a batch costs a worker of
+``DynamicBatcher``: pinned host input -> one non-blocking copy to the device -> model ->
+one copy back to pinned host memory -> synchronize. ``end_to_end=False`` times the
+model alone on inputs already on the device (what the reference GPU numbers measure).
+On a CPU both are the same.
+
+The batcher's fixed cost per batch (handing the batch to its worker thread, stacking
+into the staging buffer, resolving futures on the loop) is measured by serving the
+model with a saturated one-worker ``DynamicBatcher``: the median time between batch
+starts, minus ``s(b)``. It is reported in the metadata (``batcher_overhead_ms``), not
+folded into ``s(b)``.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+import time
+from datetime import UTC, datetime
+
+import numpy as np
+import torch
+
+from .. import _check
+from ..policy import BatchPolicy
+from ..service import ProfileService
+from .models import InputSpec, resolve_device
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def profile_model(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats: int = 20,
+                  end_to_end: bool = True, *, warmup: int = 3, input_spec=None,
+                  overhead: bool = True) -> ProfileService:
+    """Measure ``s(b)`` of ``model`` for each of ``batch_sizes``; a ``ProfileService``.
+
+    ``model``: a callable on a batched tensor with an ``input_spec`` (zoo models have
+    one) or given ``input_spec``. ``device``: where it runs (default: where its
+    parameters are). The service's ``jitter_cv`` is the median over sizes of the
+    measured coefficient of variation; ``metadata`` holds the device, model, dtype,
+    torch version, date, ``p90_ms`` and ``batcher_overhead_ms`` (at the smallest and
+    largest size; skipped when ``overhead`` is False).
+    """
+    spec = input_spec if input_spec is not None else getattr(model, "input_spec", None)
+    if not isinstance(spec, InputSpec):
+        raise ValueError(f"input_spec must be an InputSpec (or the model's input_spec "
+                         f"attribute), got {spec!r}")
+    sizes = sorted({_check.positive_int("batch_sizes", b) for b in batch_sizes})
+    if not sizes:
+        raise ValueError(f"batch_sizes must not be empty, got {batch_sizes!r}")
+    repeats = _check.positive_int("repeats", repeats)
+    warmup = int(_check.non_negative("warmup", warmup))
+    if device is None and isinstance(model, torch.nn.Module):
+        device = next((p.device for p in model.parameters()), None)
+    dev = resolve_device(device)
+
+    samples_ms = [_time_batches(model, spec, dev, b, repeats, warmup, end_to_end)
+                  for b in sizes]
+    median_ms = [float(np.median(t)) for t in samples_ms]
+    cv = float(np.median([np.std(t) / np.mean(t) for t in samples_ms]))
+    metadata = {
+        "model": getattr(model, "zoo_name", type(model).__name__),
+        "device": device_name(dev),
+        "dtype": str(spec.dtype).removeprefix("torch."),
+        "input_shape": list(spec.shape),
+        "torch": torch.__version__,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "end_to_end": bool(end_to_end or dev.type == "cpu"),
+        "repeats": repeats,
+        "warmup": warmup,
+        "p90_ms": [float(np.percentile(t, 90)) for t in samples_ms],
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cpu_threads": torch.get_num_threads(),
+    }
+    if overhead:
+        metadata["batcher_overhead_ms"] = {
+            str(b): _batcher_overhead_ms(model, spec, dev, b, s_ms)
+            for b, s_ms in {sizes[0]: median_ms[0], sizes[-1]: median_ms[-1]}.items()}
+    return ProfileService(sizes, median_ms, jitter_cv=cv, metadata=metadata)
+
+
+def _time_batches(model, spec: InputSpec, dev: torch.device, b: int, repeats: int,
+                  warmup: int, end_to_end: bool) -> np.ndarray:
+    """``repeats`` timings in ms of one batch of ``b``, after ``warmup`` untimed runs."""
+    cuda = dev.type == "cuda"
+    host_in = spec.random(b, pin_memory=cuda)
+    dev_in = host_in.to(dev)
+    host_out = None
+
+    def step():
+        nonlocal host_out
+        if cuda and end_to_end:
+            dev_in.copy_(host_in, non_blocking=True)
+        out = model(dev_in)
+        if cuda and end_to_end:
+            if host_out is None:
+                host_out = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+            host_out.copy_(out, non_blocking=True)
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    times_ms = np.empty(repeats)
+    with torch.no_grad():
+        for _ in range(warmup):
+            step()
+        for i in range(repeats):
+            t0 = time.perf_counter()
+            step()
+            times_ms[i] = 1000.0 * (time.perf_counter() - t0)
+    return times_ms
+
+
+def _batcher_overhead_ms(model, spec: InputSpec, dev: torch.device, b: int, s_ms: float,
+                         batches: int = 30) -> float:
+    """Median time between batch starts of a saturated one-worker batcher, minus s(b)."""
+    from .batcher import DynamicBatcher
+    from .loadgen import run_saturated
+
+    batcher = DynamicBatcher(model, BatchPolicy(b, float("inf")), device=dev, input_spec=spec)
+    res = run_saturated(batcher, batches * b, inputs=spec.random(b))
+    cycle_ms = 1000.0 * np.diff(res.start_s[2:])
+    return float(np.median(cycle_ms) - s_ms)
+
+
+def device_name(device) -> str:
+    """A readable name of the device: the GPU's name, or the CPU's."""
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    try:  # Linux names the CPU model here; platform.processor() often says only "x86_64"
+        with open("/proc/cpuinfo") as f:
+            found = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.MULTILINE)
+        if found:
+            return found.group(1).strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or dev.type
+
+
+def device_slug(device) -> str:
+    """A short lowercase tag for file names: ``"h200"`` for an NVIDIA H200, ``"cpu"``."""
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        return dev.type
+    name = torch.cuda.get_device_name(dev)
+    found = re.search(r"\b([A-Z]+\d+)", name)
+    return (found.group(1) if found else re.sub(r"\W+", "-", name)).lower()
+
+
+def profile_filename(device, model_name: str, dtype) -> str:
+    """``{device}_{model}_{dtype}.json``, e.g. ``h200_encoder_bfloat16.json``."""
+    return f"{device_slug(device)}_{model_name}_{str(dtype).removeprefix('torch.')}.json"

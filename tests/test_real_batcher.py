@@ -1,0 +1,458 @@
+"""DynamicBatcher: the rule it dispatches by, its data path and its failure semantics."""
+
+import asyncio
+import math
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import batchsim as bs
+from batchsim import policy as rule
+from batchsim.real import (
+    BatcherClosedError,
+    DynamicBatcher,
+    InputSpec,
+    QueueFullError,
+    make_model,
+    run_load,
+)
+from batchsim.result import COMPLETED, EXPIRED, FAILED, REJECTED
+
+SPEC = InputSpec((4,), torch.float32)
+#: Generous bound for "every future resolves": a hang fails the test, slowness does not.
+HANG_S = 60.0
+
+
+class Affine:
+    """A model ``y = 2x + 1`` that logs the batches it sees and can be slowed or poisoned.
+
+    ``sleep_s(b)`` seconds per batch (sleeping releases the GIL, like a GPU wait); an
+    input row holding NaN makes the whole batch raise; ``oom_above`` makes batches
+    larger than it raise CUDA's out-of-memory error; ``gate`` (an Event) holds every
+    batch until it is set.
+    """
+
+    input_spec = SPEC
+
+    def __init__(self, sleep_s=lambda b: 0.0, oom_above=None, gate=None):
+        self.sleep_s, self.oom_above, self.gate = sleep_s, oom_above, gate
+        self.seen: list[torch.Tensor] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, x):
+        with self.lock:
+            self.seen.append(x.clone())
+        if self.gate is not None:
+            self.gate.wait(HANG_S)
+        time.sleep(self.sleep_s(len(x)))
+        if self.oom_above is not None and len(x) > self.oom_above:
+            raise torch.cuda.OutOfMemoryError(f"simulated OOM for a batch of {len(x)}")
+        if torch.isnan(x).any():
+            raise ArithmeticError("poisoned input")
+        return 2 * x + 1
+
+    def rows_seen(self) -> torch.Tensor:
+        return torch.cat(self.seen) if self.seen else torch.empty(0, 4)
+
+
+def inputs(n, seed=0):
+    return SPEC.random(n, seed=seed)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, HANG_S))
+
+
+# -- the rule, checked on recorded runs ---------------------------------------------------
+
+def check_rule(res, policy):
+    """Every recorded batch obeys ``batchsim.policy`` at its recorded dispatch instant.
+
+    The real clock is late (a timer fires after its instant, a loop iteration takes
+    time), and lateness is the one freedom allowed: at the instant a batch left, a
+    worker was free and a trigger held, the trigger recorded is the rule's, expired
+    requests were exactly the expired head of the queue, and the batch is the rule's
+    count of the oldest remaining requests.
+    """
+    arrival, dequeue, status = res.arrival_s, res.dequeue_s, res.status
+    close_s = res.meta["close_s"]
+    queued = status != REJECTED
+    free_s = np.full(res.workers, -math.inf)
+    for k in range(res.n_batches):
+        s = res.start_s[k]
+        waiting = np.flatnonzero(queued & (arrival <= s) & (dequeue >= s))
+        n = waiting.size
+        oldest = arrival[waiting[0]]
+        full = arrival[waiting[policy.max_batch_size - 1]] if n >= policy.max_batch_size \
+            else math.inf
+        w = res.worker[k]
+        assert s >= free_s[w], f"batch {k} started on worker {w} while it was busy"
+        t = rule.dispatch_time_s(policy, free_s[w], oldest, full,
+                                 close_s if s >= close_s else math.inf)
+        assert t <= s, f"batch {k} left at {s} before the rule allowed it ({t})"
+        assert res.trigger[k] == rule.trigger(policy, s, n, oldest)
+        stale = rule.expired(policy, arrival[waiting], s)
+        n_stale = int(np.argmin(stale)) if not stale.all() else n
+        expired_now = waiting[(status[waiting] == EXPIRED) & (dequeue[waiting] == s)]
+        assert expired_now.tolist() == waiting[:n_stale].tolist()
+        rest = waiting[n_stale:]
+        members = np.flatnonzero(res.batch_id == k)
+        assert members.tolist() == rest[:rule.batch_size(policy, rest.size)].tolist()
+        free_s[w] = res.end_s[k]
+
+
+def slow_affine(base_ms, per_item_ms):
+    return Affine(sleep_s=lambda b: (base_ms + per_item_ms * b) / 1000.0)
+
+
+@pytest.mark.parametrize("policy, workers, rate_rps", [
+    (bs.BatchPolicy(8, 2.0), 1, 2500.0),                                 # size and timeout
+    (bs.BatchPolicy(4, 0.0), 1, 1500.0),                                 # greedy
+    (bs.BatchPolicy(16, math.inf), 1, 3000.0),                           # fixed size + flush
+    (bs.BatchPolicy(8, 1.0, max_queue_size=6, timeout_ms=2.0), 1, 6000.0),  # overload
+    (bs.BatchPolicy(8, 3.0), 2, 3000.0),                                 # two workers
+])
+def test_recorded_dispatches_follow_the_policy_rule(policy, workers, rate_rps):
+    # Overloaded: a batch takes longer than the timeout, so waiters behind it expire.
+    model = slow_affine(3.0 if policy.timeout_ms else 1.0, 0.1)
+    res = run_load(model, bs.Poisson(rate_rps), policy, n_requests=400, seed=3,
+                   workers=workers)
+    check_rule(res, policy)
+    s = res.summary()
+    assert s["n_completed"] + s["n_rejected"] + s["n_expired"] == 400 and s["n_failed"] == 0
+    assert res.size.sum() == s["n_completed"]
+    assert set(np.unique(res.worker)) <= set(range(workers))
+    if policy.max_queue_size is not None:  # overloaded on purpose: both guards fire
+        assert s["n_rejected"] > 0 and s["n_expired"] > 0
+
+
+def test_lone_request_leaves_by_the_timeout_trigger_without_close():
+    async def main():
+        async with DynamicBatcher(Affine(), bs.BatchPolicy(8, 5.0)) as b:
+            y = await b.submit(torch.ones(4))
+        return y, b.result()
+
+    y, res = run(main())
+    assert torch.equal(y, torch.full((4,), 3.0))
+    assert res.trigger.tolist() == [rule.TIMEOUT]
+    assert res.start_s[0] - res.arrival_s[0] >= 0.005
+
+
+def test_full_queue_leaves_by_the_size_trigger_with_infinite_wait():
+    async def main():
+        async with DynamicBatcher(Affine(), bs.BatchPolicy(4, math.inf)) as b:
+            ys = await asyncio.gather(*(b.submit(x) for x in inputs(8)))
+        return ys, b.result()
+
+    ys, res = run(main())
+    assert torch.equal(torch.stack(ys), 2 * inputs(8) + 1)
+    assert res.size.tolist() == [4, 4] and res.trigger.tolist() == [rule.SIZE] * 2
+
+
+def test_close_flushes_a_partial_batch():
+    async def main():
+        b = await DynamicBatcher(Affine(), bs.BatchPolicy(8, math.inf)).start()
+        futs = [b.submit_nowait(x) for x in inputs(3)]
+        await b.close()
+        return [f.result() for f in futs], b.result()
+
+    ys, res = run(main())
+    assert len(ys) == 3 and res.trigger.tolist() == [rule.FLUSH]
+
+
+# -- answers and the data path ------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "encoder"])
+def test_batching_does_not_change_answers(name):
+    model = make_model(name, size="tiny")
+    xs = model.input_spec.random(24, seed=1)
+
+    async def main():
+        async with DynamicBatcher(model, bs.BatchPolicy(8, 1.0), workers=2) as b:
+            return await asyncio.gather(*(b.submit(x) for x in xs))
+
+    ys = run(main())
+    with torch.no_grad():
+        alone = torch.cat([model(x[None]) for x in xs])
+    torch.testing.assert_close(torch.stack(ys), alone, rtol=1e-4, atol=1e-5)
+
+
+def test_numpy_inputs_and_outputs_that_alias_the_staging_buffer():
+    identity = lambda x: x  # noqa: E731  (returns a view of the staging buffer)
+    xs = inputs(6)
+
+    async def main():
+        async with DynamicBatcher(identity, bs.BatchPolicy(3, 0.0), input_spec=SPEC) as b:
+            return await asyncio.gather(*(b.submit(x.numpy()) for x in xs))
+
+    assert torch.equal(torch.stack(run(main())), xs)
+
+
+def test_submit_threadsafe_from_another_thread():
+    async def main():
+        async with DynamicBatcher(Affine(), bs.BatchPolicy(4, 1.0)) as b:
+            futs = await asyncio.to_thread(
+                lambda: [b.submit_threadsafe(x) for x in inputs(5)])
+            return await asyncio.gather(*(asyncio.wrap_future(f) for f in futs))
+
+    assert torch.equal(torch.stack(run(main())), 2 * inputs(5) + 1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_path_pins_staging_and_matches_the_cpu_model():
+    model = make_model("mlp", device="cuda", size="tiny")
+    xs = model.input_spec.random(20)
+
+    async def main():
+        async with DynamicBatcher(model, bs.BatchPolicy(8, 1.0), workers=2) as b:
+            ys = await asyncio.gather(*(b.submit(x) for x in xs))
+            return ys, [w.staging.is_pinned() for w in b._workers if w.staging is not None]
+
+    ys, pinned = run(main())
+    assert pinned and all(pinned) and ys[0].device.type == "cpu"
+    with torch.no_grad():
+        torch.testing.assert_close(torch.stack(ys), model(xs.cuda()).cpu(),
+                                   rtol=1e-4, atol=1e-5)
+
+
+# -- failure semantics --------------------------------------------------------------------
+
+def test_input_of_the_wrong_shape_or_dtype_fails_at_submit():
+    async def main():
+        async with DynamicBatcher(Affine(), bs.BatchPolicy(4, 1.0)) as b:
+            with pytest.raises(ValueError, match=r"shape \(4,\).*float32.*got shape \(5,\)"):
+                b.submit_nowait(torch.zeros(5))
+            with pytest.raises(ValueError, match=r"float32.*got shape \(4,\) and dtype "
+                                                 r"torch.float64"):
+                b.submit_nowait(torch.zeros(4, dtype=torch.float64))
+            with pytest.raises(ValueError, match="x must be a torch.Tensor"):
+                b.submit_nowait([0.0] * 4)
+            return await b.submit(torch.zeros(4))
+
+    assert torch.equal(run(main()), torch.ones(4))
+
+
+def test_first_request_fixes_the_spec_when_none_is_given():
+    async def main():
+        async with DynamicBatcher(lambda x: x + 1, bs.BatchPolicy(4, 1.0)) as b:
+            first = await b.submit(torch.zeros(2, 3, dtype=torch.float64))
+            with pytest.raises(ValueError, match=r"shape \(2, 3\).*got shape \(3, 2\)"):
+                b.submit_nowait(torch.zeros(3, 2, dtype=torch.float64))
+        return first
+
+    assert torch.equal(run(main()), torch.ones(2, 3, dtype=torch.float64))
+
+
+def test_model_exception_fails_only_the_poisoned_requests():
+    xs = inputs(16)
+    xs[[3, 12]] = math.nan
+    model = Affine()
+
+    async def main():
+        async with DynamicBatcher(model, bs.BatchPolicy(16, math.inf)) as b:
+            outs = await asyncio.gather(*(b.submit(x) for x in xs), return_exceptions=True)
+        return outs, b.result()
+
+    outs, res = run(main())
+    for i, out in enumerate(outs):
+        if i in (3, 12):
+            assert isinstance(out, ArithmeticError)
+        else:
+            assert torch.equal(out, 2 * xs[i] + 1)
+    assert np.flatnonzero(res.status == FAILED).tolist() == [3, 12]
+    assert res.n_batches == 1 and res.summary()["n_completed"] == 14
+    # The whole batch ran once, then halves until each poisoned input stood alone.
+    assert [len(s) for s in model.seen][:3] == [16, 8, 4]
+
+
+def test_out_of_memory_splits_the_batch_and_retries():
+    model = Affine(oom_above=3)
+
+    async def main():
+        async with DynamicBatcher(model, bs.BatchPolicy(16, math.inf)) as b:
+            return await asyncio.gather(*(b.submit(x) for x in inputs(16)))
+
+    assert torch.equal(torch.stack(run(main())), 2 * inputs(16) + 1)
+    assert [len(s) for s in model.seen] == [16, 8, 4, 2, 2, 4, 2, 2, 8, 4, 2, 2, 4, 2, 2]
+
+
+def test_out_of_memory_on_a_single_request_fails_it():
+    async def main():
+        async with DynamicBatcher(Affine(oom_above=0), bs.BatchPolicy(2, 0.0)) as b:
+            return await asyncio.gather(b.submit(torch.zeros(4)), return_exceptions=True)
+
+    (out,) = run(main())
+    assert isinstance(out, torch.cuda.OutOfMemoryError)
+
+
+def test_queue_full_rejects_at_once():
+    gate = threading.Event()
+
+    async def main():
+        async with DynamicBatcher(Affine(gate=gate),
+                                  bs.BatchPolicy(1, 0.0, max_queue_size=2)) as b:
+            busy = b.submit_nowait(torch.zeros(4))
+            await asyncio.sleep(0.01)           # dispatched: the only worker is now held
+            queued = [b.submit_nowait(torch.zeros(4)) for _ in range(2)]
+            with pytest.raises(QueueFullError, match="max_queue_size=2"):
+                b.submit_nowait(torch.zeros(4))
+            gate.set()
+            await asyncio.gather(busy, *queued)
+        return b.result()
+
+    res = run(main())
+    assert res.status.tolist() == [COMPLETED, COMPLETED, COMPLETED, REJECTED]
+
+
+@pytest.mark.parametrize("per_request", [False, True])
+def test_requests_that_wait_past_their_timeout_fail_and_never_run(per_request):
+    gate = threading.Event()
+    policy = bs.BatchPolicy(2, 0.0, timeout_ms=None if per_request else 20.0)
+    model = Affine(gate=gate)
+    xs = inputs(4)
+
+    async def main():
+        async with DynamicBatcher(model, policy) as b:
+            first = b.submit_nowait(xs[0])
+            await asyncio.sleep(0.01)            # first batch holds the worker
+            late = [b.submit_nowait(x, timeout_ms=20.0 if per_request else None)
+                    for x in xs[1:3]]
+            patient = b.submit_nowait(xs[3], timeout_ms=1e4 if per_request else None)
+            await asyncio.sleep(0.1)             # the queued ones wait past 20 ms
+            gate.set()
+            return await asyncio.gather(first, *late, patient, return_exceptions=True), b
+
+    outs, b = run(main())
+    assert torch.equal(outs[0], 2 * xs[0] + 1)
+    assert all(isinstance(o, TimeoutError) for o in outs[1:3])
+    rows = model.rows_seen()
+    assert not any(torch.equal(r, x) for r in rows for x in xs[1:3])  # never ran
+    status = b.result().status.tolist()
+    if per_request:
+        assert torch.equal(outs[3], 2 * xs[3] + 1) and status == [0, EXPIRED, EXPIRED, 0]
+    else:
+        assert isinstance(outs[3], TimeoutError) and status == [0] + [EXPIRED] * 3
+
+
+def test_cancelled_requests_are_skipped():
+    gate = threading.Event()
+    model = Affine(gate=gate)
+    xs = inputs(4)
+
+    async def main():
+        async with DynamicBatcher(model, bs.BatchPolicy(4, 0.0)) as b:
+            first = b.submit_nowait(xs[0])
+            await asyncio.sleep(0.01)
+            tasks = [asyncio.create_task(b.submit(x)) for x in xs[1:]]
+            await asyncio.sleep(0)
+            tasks[1].cancel()
+            gate.set()
+            outs = await asyncio.gather(first, *tasks, return_exceptions=True)
+        return outs, b.result()
+
+    outs, res = run(main())
+    assert isinstance(outs[2], asyncio.CancelledError)
+    assert torch.equal(torch.stack([outs[i] for i in (0, 1, 3)]), 2 * xs[[0, 1, 3]] + 1)
+    assert not any(torch.equal(r, xs[2]) for r in model.rows_seen())
+    assert res.status.tolist() == [COMPLETED, COMPLETED, FAILED, COMPLETED]
+
+
+def test_close_without_drain_fails_the_waiting_requests():
+    gate = threading.Event()
+
+    async def main():
+        b = await DynamicBatcher(Affine(gate=gate), bs.BatchPolicy(2, 0.0)).start()
+        running = b.submit_nowait(torch.zeros(4))
+        await asyncio.sleep(0.01)
+        waiting = [b.submit_nowait(torch.zeros(4)) for _ in range(3)]
+        closing = asyncio.create_task(b.close(drain=False))
+        await asyncio.sleep(0.01)
+        gate.set()
+        await closing
+        with pytest.raises(BatcherClosedError, match="submit after close"):
+            b.submit_nowait(torch.zeros(4))
+        return running, waiting, b.result()
+
+    running, waiting, res = run(main())
+    assert torch.equal(running.result(), torch.ones(4))   # batches in flight finish
+    for f in waiting:
+        with pytest.raises(BatcherClosedError, match="drain=False"):
+            f.result()
+    assert res.status.tolist() == [COMPLETED] + [FAILED] * 3
+
+
+def test_close_with_drain_finishes_everything_queued():
+    async def main():
+        b = await DynamicBatcher(slow_affine(2.0, 0.0), bs.BatchPolicy(4, math.inf)).start()
+        futs = [b.submit_nowait(x) for x in inputs(10)]
+        await b.close(drain=True)
+        with pytest.raises(BatcherClosedError):
+            await b.submit(torch.zeros(4))
+        return futs, b.result()
+
+    futs, res = run(main())
+    assert torch.equal(torch.stack([f.result() for f in futs]), 2 * inputs(10) + 1)
+    assert res.size.tolist() == [4, 4, 2] and res.trigger[-1] == rule.FLUSH
+
+
+def test_lifecycle_errors():
+    b = DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0))
+    with pytest.raises(BatcherClosedError, match="before start"):
+        b.submit_nowait(torch.zeros(4))
+    with pytest.raises(RuntimeError, match="closed batcher"):
+        b.result()
+    with pytest.raises(ValueError, match="policy must be a BatchPolicy"):
+        DynamicBatcher(Affine(), {"max_batch_size": 2})
+    with pytest.raises(ValueError, match="workers must be an integer"):
+        DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0), workers=0)
+
+
+@pytest.mark.parametrize("drain", [True, False])
+def test_stress_every_future_resolves(drain):
+    """Random poison, cancellations and timeouts on two workers: nothing is left pending."""
+    rnd = random.Random(7)
+    n = 600
+    xs = inputs(n, seed=7)
+    poisoned = set(rnd.sample(range(n), 25))
+    xs[list(poisoned)] = math.nan
+    model = Affine(sleep_s=lambda b: rnd.uniform(0, 0.002), oom_above=12)
+    policy = bs.BatchPolicy(16, 1.0, max_queue_size=200)
+
+    async def main():
+        b = await DynamicBatcher(model, policy, workers=2).start()
+        tasks, rejected = [], 0
+        for i in range(n):
+            timeout_ms = rnd.choice([None, None, 2.0, 20.0])
+            try:
+                tasks.append(asyncio.ensure_future(b.submit_nowait(xs[i], timeout_ms)))
+            except QueueFullError:
+                rejected += 1
+                continue
+            if rnd.random() < 0.05:
+                tasks[rnd.randrange(len(tasks))].cancel()
+            if rnd.random() < 0.2 and i < n - 20:  # the last 20 are still queued at close
+                await asyncio.sleep(rnd.uniform(0, 0.002))
+        await b.close(drain=drain)
+        assert all(t.done() for t in tasks)
+        outs = await asyncio.gather(*tasks, return_exceptions=True)
+        return outs, rejected, b.result()
+
+    outs, rejected, res = run(main())
+    kinds = {type(o).__name__ for o in outs}
+    assert kinds <= {"Tensor", "ArithmeticError", "TimeoutError", "CancelledError",
+                     "BatcherClosedError"}
+    assert drain or "BatcherClosedError" in kinds
+    s = res.summary()
+    assert s["n_requests"] == n and s["n_rejected"] == rejected
+    assert s["n_completed"] == sum(isinstance(o, torch.Tensor) for o in outs)
+    assert s["n_completed"] + s["n_rejected"] + s["n_expired"] + s["n_failed"] == n
+    accepted = [i for i in range(n) if res.status[i] != REJECTED]
+    for i, out in zip(accepted, outs, strict=True):
+        if isinstance(out, torch.Tensor):
+            assert i not in poisoned and torch.equal(out, 2 * xs[i] + 1)
+        elif isinstance(out, ArithmeticError):
+            assert i in poisoned

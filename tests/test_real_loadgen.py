@@ -1,0 +1,92 @@
+"""Load generation: the simulator's arrivals, replayed open loop; saturation runs."""
+
+import asyncio
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import batchsim as bs
+from batchsim.real import DynamicBatcher, InferenceBatcher, InputSpec, run_load, run_saturated
+
+SPEC = InputSpec((3,), torch.float32)
+
+
+def sleepy(x):
+    """Half a millisecond a batch, GIL released, like a small GPU model."""
+    time.sleep(0.0005)
+    return x + 1
+
+
+sleepy.input_spec = SPEC
+
+
+def test_replays_the_arrivals_the_simulator_draws_for_the_seed():
+    workload, policy = bs.Gamma(800.0, cv=2.0), bs.BatchPolicy(8, 2.0)
+    res = run_load(sleepy, workload, policy, n_requests=300, seed=11)
+    sim = bs.simulate(workload, policy, bs.AffineService(0.5, 0.01), n_requests=300, seed=11)
+    np.testing.assert_array_equal(res.meta["scheduled_s"], sim.arrival_s)
+    assert res.summary()["n_completed"] == 300
+
+
+def test_never_submits_early_and_reports_its_lateness():
+    res = run_load(sleepy, bs.Poisson(1000.0), bs.BatchPolicy(4, 1.0), n_requests=200, seed=2)
+    late_ms = 1000 * (res.arrival_s - res.meta["scheduled_s"])
+    assert (late_ms >= 0).all()
+    assert res.meta["lateness_ms_p99"] == pytest.approx(np.percentile(late_ms, 99))
+    assert res.meta["lateness_ms_max"] == pytest.approx(late_ms.max())
+    assert res.meta["harness"] == "open loop" and res.meta["seed"] == 2
+
+
+def test_sleeps_rather_than_spins_between_sparse_arrivals():
+    """Arrivals 5 ms apart: a spinning harness would burn a whole core for the run."""
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    run_load(sleepy, bs.Constant(200.0), bs.BatchPolicy(4, 0.0), n_requests=80)
+    cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
+    assert cpu_s < 0.3 * wall_s
+
+
+def test_drives_a_given_batcher_or_the_naive_one():
+    policy = bs.BatchPolicy(4, 1.0)
+    res = run_load(DynamicBatcher(sleepy, policy), bs.Poisson(500.0), policy, 50)
+    assert res.meta["engine"] == "real" and res.summary()["n_completed"] == 50
+    naive = run_load(InferenceBatcher(sleepy, 4, 1.0), bs.Poisson(500.0), n_requests=50)
+    assert naive.meta["engine"] == "naive" and naive.summary()["n_completed"] == 50
+    # The same seed replays the same schedule against both.
+    np.testing.assert_array_equal(res.meta["scheduled_s"], naive.meta["scheduled_s"])
+
+
+def test_works_inside_a_running_event_loop():
+    async def notebook_cell():
+        return run_load(sleepy, bs.Poisson(500.0), bs.BatchPolicy(4, 1.0), n_requests=30)
+
+    assert asyncio.run(notebook_cell()).summary()["n_completed"] == 30
+
+
+def test_saturated_run_keeps_the_window_outstanding():
+    res = run_saturated(sleepy, 400, bs.BatchPolicy(8, math.inf), window=24)
+    assert res.summary()["n_completed"] == 400 and res.meta["window"] == 24
+    # Request i + window was submitted only after request i had finished.
+    assert (res.finish_s[:-24] <= res.arrival_s[24:]).all()
+    # A full batch always waits when the worker frees: every batch but the last is full.
+    assert (res.size[:-1] == 8).all()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"target": sleepy, "policy": None}, "policy is required"),
+    ({"target": InferenceBatcher(sleepy), "policy": bs.BatchPolicy(2, 1.0)},
+     "policy must be None for an InferenceBatcher"),
+    ({"target": DynamicBatcher(sleepy, bs.BatchPolicy(2, 1.0)), "policy": bs.BatchPolicy(3, 1.0)},
+     "policy must be None or the batcher's own"),
+    ({"target": sleepy, "seed": -1}, "seed must be"),
+    ({"target": sleepy, "n_requests": 0}, "n_requests"),
+    ({"target": sleepy, "workload": "poisson"}, "workload must be"),
+    ({"target": lambda x: x, "inputs": None}, "inputs is required"),
+])
+def test_bad_arguments_name_the_parameter(kwargs, match):
+    args = {"workload": bs.Poisson(100.0), "policy": bs.BatchPolicy(2, 1.0),
+            "n_requests": 5, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        run_load(**args)

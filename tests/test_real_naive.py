@@ -1,0 +1,73 @@
+"""The classic polled batcher and offline batch_inference (the baselines)."""
+
+import time
+
+import pytest
+import torch
+
+import batchsim as bs
+from batchsim.real import InferenceBatcher, batch_inference
+from batchsim.real.loadgen import run_saturated
+
+
+def double(x):
+    return 2 * x
+
+
+def test_should_process_when_full_or_when_the_oldest_waited_long_enough():
+    b = InferenceBatcher(double, max_batch_size=3, max_wait_ms=20.0)
+    assert not b.should_process()
+    b.add_request(torch.zeros(2), "a")
+    assert not b.should_process()
+    time.sleep(0.03)
+    assert b.should_process()           # the oldest waited 20 ms
+    b.add_request(torch.zeros(2), "b")
+    b.add_request(torch.zeros(2), "c")
+    assert len(b) == 3 and b.should_process()
+
+
+def test_process_batch_runs_up_to_max_batch_size_in_order():
+    b = InferenceBatcher(double, max_batch_size=2, max_wait_ms=0.0)
+    for i in range(3):
+        b.add_request(torch.full((2,), float(i)), f"r{i}")
+    first = b.process_batch()
+    assert [r["id"] for r in first] == ["r0", "r1"]
+    assert torch.equal(first[1]["output"], torch.full((2,), 2.0))
+    assert [r["id"] for r in b.process_batch()] == ["r2"]
+    assert b.process_batch() == [] and not b.should_process()
+
+
+def test_batch_inference_matches_one_at_a_time():
+    xs = list(torch.randn(10, 3, generator=torch.Generator().manual_seed(0)))
+    outs = batch_inference(double, xs, batch_size=4)
+    assert len(outs) == 10
+    assert all(torch.equal(o, 2 * x) for o, x in zip(outs, xs, strict=True))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="max_batch_size"):
+        InferenceBatcher(double, max_batch_size=0)
+    with pytest.raises(ValueError, match="max_wait_ms"):
+        InferenceBatcher(double, max_wait_ms=-1)
+    with pytest.raises(ValueError, match="batch_size"):
+        batch_inference(double, [torch.zeros(1)], batch_size=2.5)
+
+
+def test_polled_driver_records_a_run():
+    res = run_saturated(InferenceBatcher(double, 8, 2.0), 100, inputs=torch.ones(5, 2))
+    s = res.summary()
+    assert s["n_completed"] == 100 and res.size.sum() == 100
+    assert res.meta["engine"] == "naive" and (res.size <= 8).all()
+    assert (res.trigger == bs.policy.SIZE).sum() >= 1
+    assert (res.finish_s >= res.dispatch_s).all() and (res.dispatch_s >= res.arrival_s).all()
+
+
+def test_polled_driver_fails_a_whole_batch_when_the_model_raises():
+    def fragile(x):
+        if len(x) > 2:
+            raise ArithmeticError("boom")
+        return x
+
+    res = run_saturated(InferenceBatcher(fragile, 4, 1.0), 12, inputs=torch.ones(3, 2))
+    s = res.summary()
+    assert s["n_failed"] > 0 and s["n_completed"] + s["n_failed"] == 12

@@ -1,0 +1,99 @@
+"""The profiler, its CLI command and the shipped CPU profiles."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import batchsim as bs
+from batchsim.cli import main
+from batchsim.real import InputSpec, make_model, profile_model
+from batchsim.real.profiler import device_slug, profile_filename
+
+
+@pytest.fixture(autouse=True)
+def one_cpu_thread():
+    """Timings on a shared 2-core machine: keep OpenMP threads from fighting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_profile_of_a_tiny_model():
+    model = make_model("mlp", size="tiny")
+    prof = profile_model(model, [16, 1, 4], repeats=5)
+    assert isinstance(prof, bs.ProfileService) and prof.batch_sizes == (1, 4, 16)
+    meta = prof.metadata
+    assert (np.asarray(meta["p90_ms"]) >= np.asarray(prof.times_ms)).all()
+    assert meta["model"] == "tiny-mlp" and meta["dtype"] == "float32"
+    assert meta["torch"] == torch.__version__ and meta["end_to_end"] and meta["repeats"] == 5
+    assert set(meta["batcher_overhead_ms"]) == {"1", "16"}
+    assert prof.jitter_cv >= 0 and all(t > 0 for t in prof.times_ms)
+
+
+def test_profile_saves_and_loads(tmp_path):
+    prof = profile_model(make_model("cnn", size="tiny"), [1, 2], repeats=3, overhead=False)
+    prof.save(tmp_path / "p.json")
+    assert bs.load_service(tmp_path / "p.json") == prof
+    assert "batcher_overhead_ms" not in prof.metadata
+
+
+def test_plain_callable_needs_an_input_spec():
+    with pytest.raises(ValueError, match="input_spec must be an InputSpec"):
+        profile_model(lambda x: x, [1])
+    prof = profile_model(lambda x: 2 * x, [1, 8], repeats=3, overhead=False,
+                         input_spec=InputSpec((5,), torch.float32))
+    assert prof.metadata["model"] == "function"
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"batch_sizes": []}, "batch_sizes must not be empty"),
+    ({"batch_sizes": [0, 4]}, "batch_sizes must be an integer"),
+    ({"repeats": 0}, "repeats"),
+])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        profile_model(make_model("mlp", size="tiny"), **{"batch_sizes": [1], **kwargs})
+
+
+def test_file_names_say_device_model_and_dtype():
+    assert device_slug("cpu") == "cpu"
+    assert profile_filename("cpu", "tiny-mlp", torch.bfloat16) == "cpu_tiny-mlp_bfloat16.json"
+
+
+def test_cli_profile_writes_a_loadable_profile(tmp_path, capsys):
+    out = tmp_path / "enc.json"
+    code = main(["profile", "--model", "encoder", "--size", "tiny", "--batch-sizes", "1,4",
+                 "--repeats", "3", "--threads", "1", "--out", str(out)])
+    assert code == 0 and "tiny-encoder" in capsys.readouterr().out
+    assert bs.load_service(out).batch_sizes == (1, 4)
+
+
+def test_cli_profile_refuses_bad_batch_sizes(tmp_path, capsys):
+    code = main(["profile", "--model", "mlp", "--batch-sizes", "1,x", "--out",
+                 str(tmp_path / "x.json")])
+    assert code == 2 and "--batch-sizes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["cpu_tiny-mlp_float32", "cpu_tiny-cnn_float32",
+                                  "cpu_tiny-encoder_float32"])
+def test_shipped_cpu_profiles(name):
+    prof = bs.load_service(name)
+    model = name.split("_")[1]
+    assert prof.metadata["model"] == model and prof.metadata["end_to_end"]
+    assert prof.batch_sizes == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    assert prof.metadata["torch"].startswith("2.")
+    assert name in bs.shipped_profiles()
+
+
+def test_real_never_imports_simpy_and_batchsim_never_imports_torch():
+    code = ("import sys, batchsim; assert 'torch' not in sys.modules; "
+            "import batchsim.real, batchsim.real.loadgen, batchsim.real.profiler; "
+            "print(sorted(m for m in ('simpy', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert json.loads(out.replace("'", '"')) == []
