@@ -12,6 +12,14 @@ that have waited longer than ``timeout_ms`` when the batch is formed are dropped
 the queue as expired first; an arrival that finds ``max_queue_size`` requests waiting
 is rejected. An arrival at the very instant of a dispatch joins it if there is room.
 
+Two conventions make the rule exact where events coincide, and every engine follows
+them: (1) at one instant, arrivals are handled before the dispatch decision, so an
+arrival is checked against ``max_queue_size`` with the queue as it stood (it can be
+rejected even though a batch leaving at that same instant would have had room for it);
+(2) expiry is checked only when a batch is formed, so a request that has outstayed
+``timeout_ms`` still counts as waiting (towards the size trigger and the queue bound)
+until then; a batch whose size trigger fired may then leave smaller, or not at all.
+
 The SimPy engine, the fast engine and the real asyncio batcher all decide with the
 functions below, so the rule lives in exactly one place.
 """
