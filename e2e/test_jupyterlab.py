@@ -23,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "e2e-screenshots"
-NOTEBOOK = os.environ.get("E2E_NOTEBOOK", "01_batching_basics.ipynb")
+NOTEBOOK = os.environ.get("E2E_NOTEBOOK", "02_tradeoff_explorer.ipynb")
 NEW_SLIDER_VALUE = "8"  # the first slider of the dashboard is max_batch_size
 CHROMIUM = "/usr/bin/chromium"
 # Flags for a sandboxed root user on a machine with no outside network.

@@ -14,7 +14,7 @@ from .plots import (
     service_profile,
     timeline,
 )
-from .widgets import basics_dashboard
+from .widgets import basics_dashboard, tradeoff_dashboard
 
 __all__ = ["timeline", "latency_hist", "latency_cdf", "batch_size_hist", "queue_length",
-           "service_profile", "frontier", "heatmap", "basics_dashboard"]
+           "service_profile", "frontier", "heatmap", "basics_dashboard", "tradeoff_dashboard"]
