@@ -20,6 +20,7 @@ from batchsim.real import (
     make_model,
     run_load,
 )
+from batchsim.real.batcher import _HostSteps, _single_threaded_ops
 from batchsim.result import COMPLETED, EXPIRED, FAILED, REJECTED
 
 SPEC = InputSpec((4,), torch.float32)
@@ -67,6 +68,12 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
+@pytest.fixture(params=[False, True], ids=["thread-per-worker", "pipeline"])
+def pipeline(request):
+    """The failure semantics hold for both ways of running batches (see batcher.py)."""
+    return request.param
+
+
 # -- the rule, checked on recorded runs ---------------------------------------------------
 
 def check_rule(res, policy):
@@ -109,18 +116,20 @@ def slow_affine(base_ms, per_item_ms):
     return Affine(sleep_s=lambda b: (base_ms + per_item_ms * b) / 1000.0)
 
 
-@pytest.mark.parametrize("policy, workers, rate_rps", [
-    (bs.BatchPolicy(8, 2.0), 1, 2500.0),                                 # size and timeout
-    (bs.BatchPolicy(4, 0.0), 1, 1500.0),                                 # greedy
-    (bs.BatchPolicy(16, math.inf), 1, 3000.0),                           # fixed size + flush
-    (bs.BatchPolicy(8, 1.0, max_queue_size=6, timeout_ms=2.0), 1, 6000.0),  # overload
-    (bs.BatchPolicy(8, 3.0), 2, 3000.0),                                 # two workers
+@pytest.mark.parametrize("policy, workers, rate_rps, pipeline", [
+    (bs.BatchPolicy(8, 2.0), 1, 2500.0, False),                          # size and timeout
+    (bs.BatchPolicy(4, 0.0), 1, 1500.0, False),                          # greedy
+    (bs.BatchPolicy(16, math.inf), 1, 3000.0, False),                    # fixed size + flush
+    (bs.BatchPolicy(8, 1.0, max_queue_size=6, timeout_ms=2.0), 1, 6000.0, False),  # overload
+    (bs.BatchPolicy(8, 3.0), 2, 3000.0, False),                          # two workers
+    (bs.BatchPolicy(8, 3.0), 2, 3000.0, True),                           # ... in a pipeline
+    (bs.BatchPolicy(8, 1.0, max_queue_size=6, timeout_ms=2.0), 1, 6000.0, True),
 ])
-def test_recorded_dispatches_follow_the_policy_rule(policy, workers, rate_rps):
+def test_recorded_dispatches_follow_the_policy_rule(policy, workers, rate_rps, pipeline):
     # Overloaded: a batch takes longer than the timeout, so waiters behind it expire.
     model = slow_affine(3.0 if policy.timeout_ms else 1.0, 0.1)
-    res = run_load(model, bs.Poisson(rate_rps), policy, n_requests=400, seed=3,
-                   workers=workers)
+    batcher = DynamicBatcher(model, policy, workers=workers, pipeline=pipeline)
+    res = run_load(batcher, bs.Poisson(rate_rps), n_requests=400, seed=3)
     check_rule(res, policy)
     s = res.summary()
     assert s["n_completed"] + s["n_rejected"] + s["n_expired"] == 400 and s["n_failed"] == 0
@@ -167,12 +176,12 @@ def test_close_flushes_a_partial_batch():
 # -- answers and the data path ------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "encoder"])
-def test_batching_does_not_change_answers(name):
+def test_batching_does_not_change_answers(name, pipeline):
     model = make_model(name, size="tiny")
     xs = model.input_spec.random(24, seed=1)
 
     async def main():
-        async with DynamicBatcher(model, bs.BatchPolicy(8, 1.0), workers=2) as b:
+        async with DynamicBatcher(model, bs.BatchPolicy(8, 1.0), workers=2, pipeline=pipeline) as b:
             return await asyncio.gather(*(b.submit(x) for x in xs))
 
     ys = run(main())
@@ -203,14 +212,14 @@ def test_submit_threadsafe_from_another_thread():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_path_pins_staging_and_matches_the_cpu_model():
+def test_cuda_path_pins_staging_and_matches_the_cpu_model(pipeline):
     model = make_model("mlp", device="cuda", size="tiny")
     xs = model.input_spec.random(20)
 
     async def main():
-        async with DynamicBatcher(model, bs.BatchPolicy(8, 1.0), workers=2) as b:
+        async with DynamicBatcher(model, bs.BatchPolicy(8, 1.0), workers=2, pipeline=pipeline) as b:
             ys = await asyncio.gather(*(b.submit(x) for x in xs))
-            return ys, [w.staging.is_pinned() for w in b._workers if w.staging is not None]
+            return ys, [s.staging.is_pinned() for s in b._runner.slots if s.staging is not None]
 
     ys, pinned = run(main())
     assert pinned and all(pinned) and ys[0].device.type == "cpu"
@@ -247,13 +256,13 @@ def test_first_request_fixes_the_spec_when_none_is_given():
     assert torch.equal(run(main()), torch.ones(2, 3, dtype=torch.float64))
 
 
-def test_model_exception_fails_only_the_poisoned_requests():
+def test_model_exception_fails_only_the_poisoned_requests(pipeline):
     xs = inputs(16)
     xs[[3, 12]] = math.nan
     model = Affine()
 
     async def main():
-        async with DynamicBatcher(model, bs.BatchPolicy(16, math.inf)) as b:
+        async with DynamicBatcher(model, bs.BatchPolicy(16, math.inf), pipeline=pipeline) as b:
             outs = await asyncio.gather(*(b.submit(x) for x in xs), return_exceptions=True)
         return outs, b.result()
 
@@ -269,32 +278,33 @@ def test_model_exception_fails_only_the_poisoned_requests():
     assert [len(s) for s in model.seen][:3] == [16, 8, 4]
 
 
-def test_out_of_memory_splits_the_batch_and_retries():
+def test_out_of_memory_splits_the_batch_and_retries(pipeline):
     model = Affine(oom_above=3)
 
     async def main():
-        async with DynamicBatcher(model, bs.BatchPolicy(16, math.inf)) as b:
+        async with DynamicBatcher(model, bs.BatchPolicy(16, math.inf), pipeline=pipeline) as b:
             return await asyncio.gather(*(b.submit(x) for x in inputs(16)))
 
     assert torch.equal(torch.stack(run(main())), 2 * inputs(16) + 1)
     assert [len(s) for s in model.seen] == [16, 8, 4, 2, 2, 4, 2, 2, 8, 4, 2, 2, 4, 2, 2]
 
 
-def test_out_of_memory_on_a_single_request_fails_it():
+def test_out_of_memory_on_a_single_request_fails_it(pipeline):
     async def main():
-        async with DynamicBatcher(Affine(oom_above=0), bs.BatchPolicy(2, 0.0)) as b:
+        async with DynamicBatcher(Affine(oom_above=0), bs.BatchPolicy(2, 0.0),
+                                  pipeline=pipeline) as b:
             return await asyncio.gather(b.submit(torch.zeros(4)), return_exceptions=True)
 
     (out,) = run(main())
     assert isinstance(out, torch.cuda.OutOfMemoryError)
 
 
-def test_queue_full_rejects_at_once():
+def test_queue_full_rejects_at_once(pipeline):
     gate = threading.Event()
 
     async def main():
         async with DynamicBatcher(Affine(gate=gate),
-                                  bs.BatchPolicy(1, 0.0, max_queue_size=2)) as b:
+                                  bs.BatchPolicy(1, 0.0, max_queue_size=2), pipeline=pipeline) as b:
             busy = b.submit_nowait(torch.zeros(4))
             await asyncio.sleep(0.01)           # dispatched: the only worker is now held
             queued = [b.submit_nowait(torch.zeros(4)) for _ in range(2)]
@@ -309,14 +319,14 @@ def test_queue_full_rejects_at_once():
 
 
 @pytest.mark.parametrize("per_request", [False, True])
-def test_requests_that_wait_past_their_timeout_fail_and_never_run(per_request):
+def test_requests_that_wait_past_their_timeout_fail_and_never_run(per_request, pipeline):
     gate = threading.Event()
     policy = bs.BatchPolicy(2, 0.0, timeout_ms=None if per_request else 20.0)
     model = Affine(gate=gate)
     xs = inputs(4)
 
     async def main():
-        async with DynamicBatcher(model, policy) as b:
+        async with DynamicBatcher(model, policy, pipeline=pipeline) as b:
             first = b.submit_nowait(xs[0])
             await asyncio.sleep(0.01)            # first batch holds the worker
             late = [b.submit_nowait(x, timeout_ms=20.0 if per_request else None)
@@ -338,13 +348,13 @@ def test_requests_that_wait_past_their_timeout_fail_and_never_run(per_request):
         assert isinstance(outs[3], TimeoutError) and status == [0] + [EXPIRED] * 3
 
 
-def test_cancelled_requests_are_skipped():
+def test_cancelled_requests_are_skipped(pipeline):
     gate = threading.Event()
     model = Affine(gate=gate)
     xs = inputs(4)
 
     async def main():
-        async with DynamicBatcher(model, bs.BatchPolicy(4, 0.0)) as b:
+        async with DynamicBatcher(model, bs.BatchPolicy(4, 0.0), pipeline=pipeline) as b:
             first = b.submit_nowait(xs[0])
             await asyncio.sleep(0.01)
             tasks = [asyncio.create_task(b.submit(x)) for x in xs[1:]]
@@ -361,11 +371,12 @@ def test_cancelled_requests_are_skipped():
     assert res.status.tolist() == [COMPLETED, COMPLETED, FAILED, COMPLETED]
 
 
-def test_close_without_drain_fails_the_waiting_requests():
+def test_close_without_drain_fails_the_waiting_requests(pipeline):
     gate = threading.Event()
 
     async def main():
-        b = await DynamicBatcher(Affine(gate=gate), bs.BatchPolicy(2, 0.0)).start()
+        b = await DynamicBatcher(Affine(gate=gate), bs.BatchPolicy(2, 0.0),
+                                 pipeline=pipeline).start()
         running = b.submit_nowait(torch.zeros(4))
         await asyncio.sleep(0.01)
         waiting = [b.submit_nowait(torch.zeros(4)) for _ in range(3)]
@@ -385,9 +396,10 @@ def test_close_without_drain_fails_the_waiting_requests():
     assert res.status.tolist() == [COMPLETED] + [FAILED] * 3
 
 
-def test_close_with_drain_finishes_everything_queued():
+def test_close_with_drain_finishes_everything_queued(pipeline):
     async def main():
-        b = await DynamicBatcher(slow_affine(2.0, 0.0), bs.BatchPolicy(4, math.inf)).start()
+        b = await DynamicBatcher(slow_affine(2.0, 0.0), bs.BatchPolicy(4, math.inf),
+                                 pipeline=pipeline).start()
         futs = [b.submit_nowait(x) for x in inputs(10)]
         await b.close(drain=True)
         with pytest.raises(BatcherClosedError):
@@ -409,10 +421,109 @@ def test_lifecycle_errors():
         DynamicBatcher(Affine(), {"max_batch_size": 2})
     with pytest.raises(ValueError, match="workers must be an integer"):
         DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0), workers=0)
+    with pytest.raises(ValueError, match="pipeline must be True, False or None, got 'yes'"):
+        DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0), pipeline="yes")
+
+
+def test_warmup_runs_a_full_batch_of_zeros_per_worker_before_the_clock(pipeline):
+    model = Affine()
+
+    async def main():
+        b = await DynamicBatcher(model, bs.BatchPolicy(4, 0.0), workers=3,
+                                 pipeline=pipeline).start(warmup=True)
+        warm = [len(x) for x in model.seen]
+        ys = await asyncio.gather(*(b.submit(x) for x in inputs(6)))
+        await b.close()
+        return warm, ys, b.result()
+
+    warm, ys, res = run(main())
+    assert warm == [4, 4, 4] and torch.equal(torch.cat(model.seen[:3]), torch.zeros(12, 4))
+    assert torch.equal(torch.stack(ys), 2 * inputs(6) + 1)
+    assert res.size.sum() == 6 and (res.arrival_s >= 0).all()  # warm-up is not in the run
+
+
+def test_warmup_tolerates_a_model_that_refuses_zeros(pipeline):
+    def picky(x):
+        if not x.any():
+            raise ArithmeticError("all zeros")
+        return x
+
+    async def main():
+        b = await DynamicBatcher(picky, bs.BatchPolicy(2, 0.0), input_spec=SPEC,
+                                 pipeline=pipeline).start(warmup=True)
+        y = await b.submit(torch.ones(4))
+        await b.close()
+        return y
+
+    assert torch.equal(run(main()), torch.ones(4))
+
+
+def test_each_batch_records_when_it_was_picked_up_staged_and_launched(pipeline):
+    res = run_load(DynamicBatcher(slow_affine(1.0, 0.05), bs.BatchPolicy(8, 1.0), workers=2,
+                                  pipeline=pipeline), bs.Poisson(3000.0), n_requests=200)
+    picked, staged, launched = res.meta["batch_phases_s"].T
+    assert len(picked) == res.n_batches
+    assert (res.start_s <= picked).all() and (picked <= launched).all()
+    assert (launched <= res.end_s).all()
+    if pipeline:  # the stager's instant; a thread per worker stages inside its run
+        assert (picked <= staged).all() and (staged <= launched).all()
+    else:
+        assert np.isnan(staged).all()
+
+
+def test_staging_threads_copy_single_threaded_and_leave_the_others_alone():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen = {}
+
+    def stager():
+        _single_threaded_ops()
+        seen["stager"] = torch.get_num_threads()
+
+    def other():
+        seen["other"] = torch.get_num_threads()
+
+    try:
+        for target in (stager, other):
+            thread = threading.Thread(target=target)
+            thread.start()
+            thread.join()
+        assert seen == {"stager": 1, "other": 2} and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+class _FailingWait(_HostSteps):
+    """Host steps whose wait fails for batches holding a negative input (a device error)."""
+
+    def launch(self, slot, host_in):
+        self.bad = bool((host_in < 0).any())
+        return super().launch(slot, host_in)
+
+    def wait(self, slot):
+        if self.bad:
+            raise RuntimeError("device error surfaced at the completion event")
+
+
+def test_an_error_at_the_completion_event_fails_only_that_batch():
+    class Batcher(DynamicBatcher):
+        def _make_steps(self):
+            return _FailingWait(self)
+
+    xs = inputs(8).abs()
+    xs[5] = -1.0
+
+    async def main():
+        async with Batcher(Affine(), bs.BatchPolicy(4, math.inf), pipeline=True) as b:
+            return await asyncio.gather(*(b.submit(x) for x in xs), return_exceptions=True)
+
+    outs = run(main())
+    assert all(torch.equal(o, 2 * x + 1) for o, x in zip(outs[:4], xs[:4], strict=True))
+    assert all(isinstance(o, RuntimeError) and "completion event" in str(o) for o in outs[4:])
 
 
 @pytest.mark.parametrize("drain", [True, False])
-def test_stress_every_future_resolves(drain):
+def test_stress_every_future_resolves(drain, pipeline):
     """Random poison, cancellations and timeouts on two workers: nothing is left pending."""
     rnd = random.Random(7)
     n = 600
@@ -423,7 +534,7 @@ def test_stress_every_future_resolves(drain):
     policy = bs.BatchPolicy(16, 1.0, max_queue_size=200)
 
     async def main():
-        b = await DynamicBatcher(model, policy, workers=2).start()
+        b = await DynamicBatcher(model, policy, workers=2, pipeline=pipeline).start()
         tasks, rejected = [], 0
         for i in range(n):
             timeout_ms = rnd.choice([None, None, 2.0, 20.0])

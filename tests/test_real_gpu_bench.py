@@ -9,6 +9,8 @@ from pathlib import Path
 import batchsim as bs
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_gpu import VARIANTS  # noqa: E402  (the bench is a script, not a package)
 
 
 def dry_run(part, out, *args):
@@ -28,12 +30,23 @@ def test_profiles_part_writes_profiles_and_compares_with_the_reference(tmp_path)
     assert compute["errors"] == [] and "ref" in log
 
 
-def test_bench_part_measures_and_stops_at_its_time_budget(tmp_path):
-    log = dry_run("bench", tmp_path, "--budget-s", "1")
+def test_session_script_runs_the_bench_within_its_budget_and_skips_the_profiles(tmp_path):
+    env = {**os.environ, "BATCHSIM_GPU_DRY": "1", "OUT": str(tmp_path), "BUDGET_S": "1",
+           "PYTHON": sys.executable}
+    env.pop("BATCHSIM_GPU_PROFILES", None)
+    log = subprocess.run(["bash", "bench/gpu_session.sh"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "bench exit 0" in log and "profiles exit" not in log
+    assert "saturated throughput" in log and (tmp_path / "bench.log").exists()
+    assert not list(tmp_path.glob("*compute_only.json"))
     report = json.loads((tmp_path / "bench_gpu_cpu.json").read_text())
-    assert report["dry_run"] and report["errors"] == []
+    assert report["dry_run"] and report["errors"] == [] and report["warmup_frac"] > 0
     (row,) = report["results"]           # the first configuration, then out of time
-    assert (row["model"], row["dtype"]) == ("encoder", "bfloat16")
+    assert report["skipped"] and (row["model"], row["dtype"]) == ("encoder", "bfloat16")
     assert row["offline_peak_rps"] > 0 and row["naive"]["throughput_rps"] > 0
-    assert set(row["dynamic"]) == {"2", "4"} and set(row["loads"]) == {"0.3", "0.7"}
-    assert report["skipped"] and "saturated throughput" in log
+    assert set(row["dynamic"]) == {v[0] for v in VARIANTS} and row["best"] in row["dynamic"]
+    pipe = row["dynamic"]["pipe x2"]
+    assert pipe["n_failed"] == 0 and set(pipe["phases_ms"]) == {
+        "pickup", "stage", "launch", "finish", "release"}
+    assert set(row["loads"]) == {"0.3", "0.7"}
+    assert row["loads"]["0.3"]["dynamic"]["variant"] == row["best"]

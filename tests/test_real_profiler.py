@@ -31,7 +31,9 @@ def test_profile_of_a_tiny_model():
     assert (np.asarray(meta["p90_ms"]) >= np.asarray(prof.times_ms)).all()
     assert meta["model"] == "tiny-mlp" and meta["dtype"] == "float32"
     assert meta["torch"] == torch.__version__ and meta["end_to_end"] and meta["repeats"] == 5
-    assert set(meta["batcher_overhead_ms"]) == {"1", "16"}
+    for key in ("batcher_overhead_ms", "release_ms", "staging_ms"):
+        assert set(meta[key]) == {"1", "16"} and all(map(np.isfinite, meta[key].values()))
+    assert all(v > 0 for v in meta["staging_ms"].values())
     assert prof.jitter_cv >= 0 and all(t > 0 for t in prof.times_ms)
 
 
@@ -39,7 +41,7 @@ def test_profile_saves_and_loads(tmp_path):
     prof = profile_model(make_model("cnn", size="tiny"), [1, 2], repeats=3, overhead=False)
     prof.save(tmp_path / "p.json")
     assert bs.load_service(tmp_path / "p.json") == prof
-    assert "batcher_overhead_ms" not in prof.metadata
+    assert not {"batcher_overhead_ms", "release_ms", "staging_ms"} & set(prof.metadata)
 
 
 def test_plain_callable_needs_an_input_spec():

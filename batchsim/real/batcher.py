@@ -6,12 +6,28 @@ out, ``close()``) asks for one decision, and the decision calls ``batchsim.polic
 the same functions the simulator calls -- so the real batcher and the simulator cannot
 disagree about when a batch leaves or what it holds.
 
-The model runs off the event loop, in one thread per worker, so the loop keeps
-accepting requests while the model works; with ``workers=k`` up to ``k`` batches are in
-flight. Each worker copies its batch into a preallocated staging buffer (pinned on
-CUDA), moves it to the device with one non-blocking copy on the worker's own CUDA
-stream (so one worker's copy overlaps another's compute), brings the output back with
-one copy, and hands the whole batch back to the loop with one callback.
+The model runs off the event loop, so the loop keeps accepting requests while the model
+works; with ``workers=k`` up to ``k`` batches are in flight, each worker with its own
+preallocated staging buffer (pinned on CUDA) and, on CUDA, its own stream. Results go
+back to the loop with one callback per batch.
+
+How the batches run depends on the device, because Python threads share one lock (the
+GIL), every PyTorch call hands it over, and each hand-over to a waiting thread costs a
+thread wake-up:
+
+* CPU: a thread per worker stacks its batch into its staging buffer and runs the model;
+  the model's arithmetic releases the GIL, so the workers compute in parallel.
+* CUDA: a model call only *launches* kernels, mostly Python, so worker threads
+  launching side by side pass the GIL back and forth at every layer. Instead each batch
+  goes down a pipeline: its worker's stager thread stacks the inputs into the worker's
+  pinned staging buffer (the only bulk host copy; stagers of different workers copy in
+  parallel, each single-threaded), one launcher thread -- the only one that calls the
+  model, back to back like an offline loop -- enqueues on the worker's stream a
+  non-blocking copy to the device, the model, a non-blocking copy back into pinned
+  memory and a completion event, and one completer thread waits for the events and
+  hands the results back. The copy of one batch overlaps the launch of another and the
+  GPU runs them on their own streams; the only device synchronisation is the event.
+  ``pipeline=False`` runs CUDA batches on a thread per worker instead.
 
 Failures stay with the requests that cause them: a model exception (or a CUDA
 out-of-memory error) splits the batch in halves and retries each, down to single
@@ -23,6 +39,7 @@ cancellation by its caller; ``result()`` then returns the run as a ``RunResult``
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import heapq
 import math
 import queue
@@ -40,6 +57,8 @@ from ..policy import BatchPolicy
 from ..result import RunRecorder, RunResult
 from .models import InputSpec, resolve_device
 
+_done = asyncio.Future.done
+
 
 class QueueFullError(RuntimeError):
     """The waiting queue already held ``max_queue_size`` requests: rejected at once."""
@@ -53,18 +72,20 @@ class RunLog:
     """What happened to every request and batch, in order; frozen into a RunResult.
 
     Times are seconds on the caller's clock. Shared by DynamicBatcher and the load
-    generator's driver of the naive batcher.
+    generator's driver of the naive batcher. A batch may carry the instants its worker
+    picked it up, had staged its inputs and had launched the model (``phases``); the
+    result's ``meta["batch_phases_s"]`` holds them, one row per batch.
     """
 
     def __init__(self):
         self.arrival_s: list[float] = []
-        self.batches: list[list] = []      # [ids, start_s, end_s, worker, trigger]
+        self.batches: list[list] = []      # [ids, start_s, end_s, worker, trigger, phases]
         self.rejected: list[int] = []
         self.expired: list[tuple] = []     # (ids, now_s)
         self.failed: list[tuple] = []      # (ids, now_s)
 
     def batch(self, ids, start_s: float, worker: int, trigger: int) -> int:
-        self.batches.append([ids, start_s, math.nan, worker, trigger])
+        self.batches.append([ids, start_s, math.nan, worker, trigger, None])
         return len(self.batches) - 1
 
     def result(self, workers: int, **meta) -> RunResult:
@@ -73,10 +94,13 @@ class RunLog:
             rec.reject(i)
         for ids, now_s in self.expired:
             rec.expire(ids, now_s)
-        for ids, start_s, end_s, worker, trigger in self.batches:
+        for ids, start_s, end_s, worker, trigger, _ in self.batches:
             rec.dispatch(ids, start_s, end_s, worker, trigger)
         for ids, now_s in self.failed:
             rec.fail(ids, now_s)
+        phases = [b[5] or (math.nan,) * 3 for b in self.batches]
+        if any(b[5] for b in self.batches):
+            meta["batch_phases_s"] = np.asarray(phases, float).reshape(-1, 3)
         return rec.result(**meta)
 
 
@@ -87,7 +111,9 @@ class DynamicBatcher:
     left out, it is the model's ``input_spec`` attribute (zoo models have one), else the
     first request fixes it. ``device``: where the model runs (default: the device of
     the model's parameters, else CPU); inputs arrive on the CPU and outputs go back to
-    it. Use it inside a running event loop::
+    it. ``pipeline``: run batches through the stage/launch/complete pipeline of threads
+    rather than a thread per worker (default: on CUDA only; see the module doc). Use it
+    inside a running event loop::
 
         async with DynamicBatcher(model, BatchPolicy(32, 5.0)) as batcher:
             y = await batcher.submit(x)
@@ -95,7 +121,7 @@ class DynamicBatcher:
     """
 
     def __init__(self, model_fn, policy: BatchPolicy, workers: int = 1, device=None,
-                 input_spec: InputSpec | None = None):
+                 input_spec: InputSpec | None = None, *, pipeline: bool | None = None):
         if not callable(model_fn):
             raise ValueError(f"model_fn must be callable, got {model_fn!r}")
         if not isinstance(policy, BatchPolicy):
@@ -109,6 +135,9 @@ class DynamicBatcher:
         self.policy = policy
         self.workers = _check.positive_int("workers", workers)
         self.device = resolve_device(device)
+        if pipeline is not None and not isinstance(pipeline, bool):
+            raise ValueError(f"pipeline must be True, False or None, got {pipeline!r}")
+        self.pipeline = self.device.type == "cuda" if pipeline is None else pipeline
         self.input_spec = spec
         self._loop: asyncio.AbstractEventLoop | None = None
         self._t0 = 0.0
@@ -122,19 +151,34 @@ class DynamicBatcher:
         self._timer = None
         self._timer_s = math.nan
         self._idle: asyncio.Future | None = None
-        self._workers: list[_Worker] = []
+        self._runner: _Runner | None = None
         self._timeout_policies: dict[float, BatchPolicy] = {}
 
     # -- lifecycle -------------------------------------------------------------------
-    async def start(self) -> DynamicBatcher:
-        """Start the worker threads; bind to the running event loop; the clock starts."""
+    async def start(self, warmup: bool = False) -> DynamicBatcher:
+        """Start the worker threads and bind to the running event loop; the clock starts.
+
+        ``warmup=True`` (needs a known input spec) first runs one batch of
+        ``max_batch_size`` zeros through every worker, so that one-time costs (buffer
+        allocation, a thread's first use of cuBLAS/cuDNN on its stream, allocator
+        growth) are paid before the first request; it is not part of the run.
+        """
         if self._loop is not None:
             raise RuntimeError("this DynamicBatcher was already started; make a new one")
         self._loop = asyncio.get_running_loop()
-        self._workers = [_Worker(self, w) for w in range(self.workers)]
+        self._runner = self._make_runner()
         self._free = list(range(self.workers))
+        if warmup and self.input_spec is not None:
+            await self._runner.warmup()
         self._t0 = time.perf_counter()
         return self
+
+    def _make_runner(self) -> _Runner:
+        runner = _PipelineRunner if self.pipeline else _ThreadRunner
+        return runner(self, self._make_steps())
+
+    def _make_steps(self) -> _HostSteps:
+        return (_CudaSteps if self.device.type == "cuda" else _HostSteps)(self)
 
     async def __aenter__(self) -> DynamicBatcher:
         return await self.start()
@@ -168,8 +212,7 @@ class DynamicBatcher:
                 self._fail_waiting(self._close_s)
             self._decide()
         await asyncio.shield(self._idle)
-        for worker in self._workers:
-            worker.stop()
+        self._runner.stop()
 
     def result(self) -> RunResult:
         """The run so far as a RunResult (times in seconds since ``start()``).
@@ -213,13 +256,15 @@ class DynamicBatcher:
         arrivals = self._log.arrival_s
         rid = len(arrivals)
         arrivals.append(now)
-        if rule.rejects(self.policy, n):
+        pol = self.policy
+        if rule.rejects(pol, n):
             self._log.rejected.append(rid)
             raise QueueFullError(f"queue full: {n} requests waiting "
-                                 f"(max_queue_size={self.policy.max_queue_size})")
+                                 f"(max_queue_size={pol.max_queue_size})")
         fut = self._loop.create_future()
-        waiting.append((rid, x, fut, self._expiry_policy(timeout_ms)))
-        if (n == 0 or n + 1 >= self.policy.max_batch_size) and self._free:
+        waiting.append((rid, x, fut, self._expiry_policy(timeout_ms)
+                        if timeout_ms is not None or pol.timeout_ms is not None else None))
+        if (n == 0 or n + 1 >= pol.max_batch_size) and self._free:
             self._ask_for_decision()
         return fut
 
@@ -246,10 +291,10 @@ class DynamicBatcher:
                          f"(the model's input spec), got shape {tuple(x.shape)} and dtype "
                          f"{x.dtype}")
 
-    def _expiry_policy(self, timeout_ms) -> BatchPolicy | None:
-        """The policy whose ``timeout_ms`` applies to a request (None: it never expires)."""
+    def _expiry_policy(self, timeout_ms) -> BatchPolicy:
+        """The policy whose ``timeout_ms`` applies to a request that may expire."""
         if timeout_ms is None:
-            return self.policy if self.policy.timeout_ms is not None else None
+            return self.policy
         pol = self._timeout_policies.get(timeout_ms)
         if pol is None:
             pol = replace(self.policy, timeout_ms=timeout_ms)
@@ -283,7 +328,7 @@ class DynamicBatcher:
                 worker = heapq.heappop(free)
                 k = self._log.batch(ids, now, worker, trigger)
                 self._in_flight += 1
-                self._workers[worker].inbox.put((k, xs, futs))
+                self._runner.put(worker, k, xs, futs)
         self._check_idle()
 
     def _set_timer(self, t_s: float, now_s: float) -> None:
@@ -308,16 +353,15 @@ class DynamicBatcher:
         waiting = self._waiting
         while waiting and self._ended(waiting[0], now_s):
             waiting.popleft()
-        ids, xs, futs = [], [], []
-        for _ in range(rule.batch_size(self.policy, len(waiting))):
-            item = waiting.popleft()
-            rid, x, fut, pol = item
-            if (pol is not None or fut.done()) and self._ended(item, now_s):
-                continue
-            ids.append(rid)
-            xs.append(x)
-            futs.append(fut)
-        return ids, xs, futs
+        take = waiting.popleft
+        items = [take() for _ in range(rule.batch_size(self.policy, len(waiting)))]
+        if items:
+            ids, xs, futs, pols = zip(*items, strict=True)
+            if pols.count(None) < len(pols) or any(map(_done, futs)):
+                items = [item for item in items if not self._ended(item, now_s)]
+                ids, xs, futs, _ = zip(*items, strict=True) if items else ((), (), (), ())
+            return list(ids), xs, futs
+        return [], (), ()
 
     def _ended(self, item, now_s: float) -> bool:
         """Whether a waiting request is cancelled or expired (and record it so)."""
@@ -353,21 +397,27 @@ class DynamicBatcher:
             self._idle.set_result(None)
 
     # -- results back from the workers (one callback per batch) ---------------------------
-    def _finished(self, worker: int, k: int, futs, outs, failed: list[int], end_s: float):
+    def _finished(self, worker: int, k: int, futs, outs, failed: list[int], end_s: float,
+                  phases=None):
         batch = self._log.batches[k]
         batch[2] = end_s
-        lost = []  # cancelled by their callers meanwhile, or failed in the model
-        for i, fut in enumerate(futs):
-            if fut.done():
-                lost.append(i)
-            elif failed and isinstance(outs[i], BaseException):
-                fut.set_exception(outs[i])
-                lost.append(i)
-            else:
-                fut.set_result(outs[i])
-        if lost:
-            ids = batch[0]
-            self._log.failed.append(([ids[i] for i in lost], end_s))
+        batch[5] = phases
+        if not failed and not any(map(_done, futs)):
+            for fut, out in zip(futs, outs, strict=True):
+                fut.set_result(out)
+        else:  # some were cancelled by their callers meanwhile, or failed in the model
+            lost = []
+            for i, fut in enumerate(futs):
+                if fut.done():
+                    lost.append(i)
+                elif failed and isinstance(outs[i], BaseException):
+                    fut.set_exception(outs[i])
+                    lost.append(i)
+                else:
+                    fut.set_result(outs[i])
+            if lost:
+                ids = batch[0]
+                self._log.failed.append(([ids[i] for i in lost], end_s))
         self._in_flight -= 1
         heapq.heappush(self._free, worker)
         self._decide()
@@ -378,83 +428,316 @@ def _name(model_fn) -> str:
                                                           type(model_fn).__name__)
 
 
-class _Worker:
-    """One thread that runs batches: staging copy, device copy, model, copy back."""
+def _checked(out, n: int) -> torch.Tensor:
+    if not isinstance(out, torch.Tensor) or out.ndim == 0 or out.shape[0] != n:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise TypeError(f"model_fn must return a tensor with one row per input: got "
+                        f"{got} for a batch of {n}")
+    return out
 
-    def __init__(self, batcher: DynamicBatcher, index: int):
-        self.batcher = batcher
-        self.index = index
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.cuda = batcher.device.type == "cuda"
+
+def _single_threaded_ops() -> None:
+    """Make the calling thread's CPU ops single-threaded; other threads keep their count.
+
+    For the staging copy: ATen copies each input of more than 32K elements as its own
+    OpenMP parallel region, and a few threads doing that at once oversubscribe the
+    cores (a 16 MB stack of 128 KB inputs took 31 ms with 2 OpenMP threads and 7 ms
+    with 1, on a busy 2-core machine), while one plain copy per thread, several threads
+    in parallel, is as fast as memory allows. With OpenMP, ``torch.set_num_threads``
+    sets the calling thread's count and the default that threads take on their first
+    parallel op; a helper thread puts that default back.
+    """
+    n = torch.get_num_threads()  # fixes this thread's count first, so the next call sticks
+    if n > 1:
+        torch.set_num_threads(1)
+        helper = threading.Thread(target=torch.set_num_threads, args=(n,))
+        helper.start()
+        helper.join()
+
+
+class _Slot:
+    """One worker's buffers: staging (host), device input, CUDA stream and event."""
+
+    def __init__(self, stream=None, event=None):
         self.staging = self.device_in = None
-        self.stream = torch.cuda.Stream(batcher.device) if self.cuda else None
-        self.thread = threading.Thread(target=self._run, daemon=True,
-                                       name=f"batchsim-worker-{index}")
-        self.thread.start()
+        self.stream, self.event = stream, event
 
-    def stop(self) -> None:
-        self.inbox.put(None)
-        self.thread.join()
 
-    def _run(self) -> None:
-        b = self.batcher
-        with torch.no_grad(), torch.cuda.stream(self.stream):
-            while (job := self.inbox.get()) is not None:
-                k, xs, futs = job
-                outs, failed = self._serve(xs)
-                end_s = b.now_s()
-                try:
-                    b._loop.call_soon_threadsafe(b._finished, self.index, k, futs, outs,
-                                                 failed, end_s)
-                except RuntimeError:  # the event loop is gone: nobody waits any more
-                    return
+class _HostSteps:
+    """How one batch runs on the CPU (or another device the model copies to itself).
 
-    def _serve(self, xs):
-        """``(outputs, failed positions)``; on an error, split and retry the halves."""
-        try:
-            return self._forward(xs).unbind(0), []
-        except Exception as e:
-            if len(xs) == 1:
-                return [e], [0]
-            if self.cuda and isinstance(e, torch.cuda.OutOfMemoryError):
-                torch.cuda.empty_cache()
-            half = len(xs) // 2
-            outs_a, failed_a = self._serve(xs[:half])
-            outs_b, failed_b = self._serve(xs[half:])
-            return [*outs_a, *outs_b], failed_a + [half + i for i in failed_b]
+    ``launch`` starts a staged batch and returns its output (here: runs it to the
+    end), ``wait`` waits for the worker's batch in flight, ``recover`` cleans up after
+    an error. ``_CudaSteps`` makes ``launch`` asynchronous.
+    """
 
-    def _forward(self, xs) -> torch.Tensor:
-        """Run one batch; the output is a fresh CPU tensor of ``len(xs)`` rows."""
-        if self.staging is None:
-            self._allocate()
-        n = len(xs)
-        host_in = self.staging[:n]
+    pinned = False
+
+    def __init__(self, batcher: DynamicBatcher):
+        self.batcher = batcher
+        self.model_fn = batcher.model_fn
+
+    def new_slot(self) -> _Slot:
+        return _Slot()
+
+    def thread_started(self) -> None:
+        """Called first in every runner thread that stages batches."""
+
+    def stage(self, slot: _Slot, xs) -> torch.Tensor:
+        """Stack the inputs into the slot's staging buffer (one copy for the batch)."""
+        if slot.staging is None:
+            self.allocate(slot)
+        host_in = slot.staging[:len(xs)]
         torch.stack(xs, out=host_in)
-        if self.cuda:
-            dev_in = self.device_in[:n]
-            dev_in.copy_(host_in, non_blocking=True)
-            out = self._checked(self.batcher.model_fn(dev_in), n)
-            host_out = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
-            host_out.copy_(out, non_blocking=True)
-            self.stream.synchronize()
-        else:
-            out = self.batcher.model_fn(host_in.to(self.batcher.device))
-            host_out = self._checked(out, n).cpu()
-            if host_out.untyped_storage().data_ptr() == self.staging.untyped_storage().data_ptr():
-                host_out = host_out.clone()  # the output aliases the staging buffer
-        return host_out
+        return host_in
 
-    @staticmethod
-    def _checked(out, n: int) -> torch.Tensor:
-        if not isinstance(out, torch.Tensor) or out.ndim == 0 or out.shape[0] != n:
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise TypeError(f"model_fn must return a tensor with one row per input: got "
-                            f"{got} for a batch of {n}")
-        return out
-
-    def _allocate(self) -> None:
+    def allocate(self, slot: _Slot) -> None:
         b = self.batcher
         shape = (b.policy.max_batch_size, *b.input_spec.shape)
-        if self.cuda:
-            self.device_in = torch.empty(shape, dtype=b.input_spec.dtype, device=b.device)
-        self.staging = torch.empty(shape, dtype=b.input_spec.dtype, pin_memory=self.cuda)
+        slot.staging = torch.empty(shape, dtype=b.input_spec.dtype, pin_memory=self.pinned)
+
+    def launch(self, slot: _Slot, host_in: torch.Tensor) -> torch.Tensor:
+        """Run the model; the output is a CPU tensor that does not alias the staging."""
+        device = self.batcher.device
+        out = _checked(self.model_fn(host_in.to(device)), len(host_in)).cpu()
+        if out.untyped_storage().data_ptr() == slot.staging.untyped_storage().data_ptr():
+            out = out.clone()  # the output is (a view of) the staging buffer
+        return out
+
+    def wait(self, slot: _Slot) -> None:
+        pass
+
+    def recover(self, slot: _Slot, error: Exception) -> None:
+        pass
+
+
+class _CudaSteps(_HostSteps):
+    """On CUDA: pinned staging, and a stream and a completion event per worker."""
+
+    pinned = True
+
+    def new_slot(self) -> _Slot:
+        device = self.batcher.device
+        return _Slot(torch.cuda.Stream(device), torch.cuda.Event())
+
+    def thread_started(self) -> None:
+        """The model runs on the GPU: a thread's CPU work is copies, best done alone."""
+        _single_threaded_ops()
+
+    def allocate(self, slot: _Slot) -> None:
+        super().allocate(slot)
+        slot.device_in = torch.empty(slot.staging.shape, dtype=slot.staging.dtype,
+                                     device=self.batcher.device)
+
+    def launch(self, slot: _Slot, host_in: torch.Tensor) -> torch.Tensor:
+        """Enqueue on the slot's stream: copy in, model, copy back, completion event."""
+        n = len(host_in)
+        torch.cuda.set_stream(slot.stream)
+        dev_in = slot.device_in[:n]
+        dev_in.copy_(host_in, non_blocking=True)
+        out = _checked(self.model_fn(dev_in), n)
+        host_out = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        host_out.copy_(out, non_blocking=True)
+        slot.event.record(slot.stream)
+        return host_out
+
+    def wait(self, slot: _Slot) -> None:
+        slot.event.synchronize()
+
+    def recover(self, slot: _Slot, error: Exception) -> None:
+        """Let what the failed launch enqueued finish (its staging may still be read)."""
+        try:
+            slot.stream.synchronize()
+            if isinstance(error, torch.cuda.OutOfMemoryError):
+                torch.cuda.empty_cache()
+        except Exception:
+            pass  # a broken context fails every retry, one request at a time
+
+
+class _Runner:
+    """Runs a DynamicBatcher's batches off the event loop; one ``_Slot`` per worker.
+
+    ``steps`` say what the device does with a batch; subclasses say which threads do
+    it (``_threads``, ``put``). Results go back with one ``call_soon_threadsafe`` per
+    batch, with the instants the batch was picked up, staged and launched.
+    """
+
+    def __init__(self, batcher: DynamicBatcher, steps: _HostSteps):
+        self.batcher = batcher
+        self.steps = steps
+        self.slots = [steps.new_slot() for _ in range(batcher.workers)]
+        self.threads = [threading.Thread(target=run, daemon=True, name=f"batchsim-{name}")
+                        for name, run in self._threads()]
+        for thread in self.threads:
+            thread.start()
+
+    def _threads(self):
+        raise NotImplementedError
+
+    def put(self, worker: int, k, xs, futs) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    async def warmup(self) -> None:
+        """Run one batch of zeros of ``max_batch_size`` through every worker; wait."""
+        spec, max_b = self.batcher.input_spec, self.batcher.policy.max_batch_size
+        rows = torch.zeros((max_b, *spec.shape), dtype=spec.dtype).unbind(0)
+        done = [concurrent.futures.Future() for _ in self.slots]
+        for worker, fut in enumerate(done):
+            self.put(worker, None, rows, fut)
+        await asyncio.gather(*map(asyncio.wrap_future, done))
+
+    def _warm(self, slot: _Slot, xs, done: concurrent.futures.Future) -> None:
+        self._serve(slot, xs)  # a model that cannot take zeros fails later, per request
+        done.set_result(None)
+
+    def _serve(self, slot: _Slot, xs, error: Exception | None = None):
+        """Run ``xs`` to the end: ``(outputs, failed positions)``.
+
+        On an error (``error``: one already raised by this batch) split the batch and
+        retry the halves, down to single requests, so that only the inputs that cause
+        an error fail.
+        """
+        steps = self.steps
+        if error is None:
+            try:
+                out = steps.launch(slot, steps.stage(slot, xs))
+                steps.wait(slot)
+                return out.unbind(0), []
+            except Exception as e:
+                error = e
+        if len(xs) == 1:
+            return [error], [0]
+        steps.recover(slot, error)
+        half = len(xs) // 2
+        outs_a, failed_a = self._serve(slot, xs[:half])
+        outs_b, failed_b = self._serve(slot, xs[half:])
+        return [*outs_a, *outs_b], failed_a + [half + i for i in failed_b]
+
+    def _report(self, worker: int, k: int, futs, outs, failed, phases) -> bool:
+        """Hand a finished batch to the loop; False once the loop is gone."""
+        b = self.batcher
+        try:
+            b._loop.call_soon_threadsafe(b._finished, worker, k, futs, outs, failed,
+                                         b.now_s(), phases)
+            return True
+        except RuntimeError:  # the event loop is closed: nobody waits any more
+            return False
+
+
+class _ThreadRunner(_Runner):
+    """A thread per worker runs each of its batches to the end (the CPU default)."""
+
+    def __init__(self, batcher: DynamicBatcher, steps: _HostSteps):
+        self.inboxes = [queue.SimpleQueue() for _ in range(batcher.workers)]
+        super().__init__(batcher, steps)
+
+    def _threads(self):
+        return [(f"worker-{w}", lambda w=w: self._work(w)) for w in range(len(self.inboxes))]
+
+    def put(self, worker: int, k, xs, futs) -> None:
+        self.inboxes[worker].put((k, xs, futs))
+
+    def stop(self) -> None:
+        for inbox in self.inboxes:
+            inbox.put(None)
+        for thread in self.threads:
+            thread.join()
+
+    def _work(self, worker: int) -> None:
+        slot, inbox, now = self.slots[worker], self.inboxes[worker], self.batcher.now_s
+        self.steps.thread_started()
+        with torch.no_grad():
+            while (job := inbox.get()) is not None:
+                k, xs, futs = job
+                if k is None:
+                    self._warm(slot, xs, futs)
+                    continue
+                picked = now()
+                outs, failed = self._serve(slot, xs)
+                if not self._report(worker, k, futs, outs, failed, (picked, math.nan, now())):
+                    return
+
+
+class _PipelineRunner(_Runner):
+    """A pipeline of threads: stage (one per worker) -> launch (one) -> complete (one).
+
+    A worker's stager stacks its batch into the worker's staging buffer (host copies of
+    different workers run in parallel); the launcher -- the only thread that calls the
+    model -- starts it (on CUDA ``launch`` returns before the device is done); the
+    completer waits for each launched batch, in launch order, and reports. Queues join
+    them. When a launch raises, the launcher finishes that batch itself, synchronously,
+    by ``_serve``'s split-and-retry. The CUDA default.
+    """
+
+    def __init__(self, batcher: DynamicBatcher, steps: _HostSteps):
+        self.inboxes = [queue.SimpleQueue() for _ in range(batcher.workers)]
+        self.to_launch, self.to_complete = queue.SimpleQueue(), queue.SimpleQueue()
+        super().__init__(batcher, steps)
+
+    def _threads(self):
+        return [*((f"stage-{w}", lambda w=w: self._stager(w))
+                  for w in range(len(self.inboxes))),
+                ("launch", self._launcher), ("complete", self._completer)]
+
+    def put(self, worker: int, k, xs, futs) -> None:
+        self.inboxes[worker].put((k, xs, futs))
+
+    def stop(self) -> None:
+        for inbox in self.inboxes:
+            inbox.put(None)
+        for thread in self.threads[:-2]:
+            thread.join()
+        self.to_launch.put(None)
+        for thread in self.threads[-2:]:
+            thread.join()
+
+    def _stager(self, worker: int) -> None:
+        slot, inbox, now, stage = (self.slots[worker], self.inboxes[worker],
+                                   self.batcher.now_s, self.steps.stage)
+        self.steps.thread_started()
+        while (job := inbox.get()) is not None:
+            k, xs, futs = job
+            picked, host_in, error = now(), None, None
+            if k is not None:  # a warm-up batch is staged by the launcher
+                try:
+                    host_in = stage(slot, xs)
+                except Exception as e:
+                    error = e
+            self.to_launch.put((worker, k, xs, futs, host_in, error, picked, now()))
+
+    def _launcher(self) -> None:
+        now, launch = self.batcher.now_s, self.steps.launch
+        self.steps.thread_started()  # it stages warm-up and retried batches
+        with torch.no_grad():
+            while (job := self.to_launch.get()) is not None:
+                worker, k, xs, futs, host_in, error, picked, staged = job
+                slot = self.slots[worker]
+                if k is None:
+                    self._warm(slot, xs, futs)
+                    continue
+                out = failed = None
+                if error is None:
+                    try:
+                        out = launch(slot, host_in)
+                    except Exception as e:
+                        error = e
+                if error is not None:
+                    out, failed = self._serve(slot, xs, error)
+                self.to_complete.put((worker, k, futs, out, failed, (picked, staged, now())))
+        self.to_complete.put(None)
+
+    def _completer(self) -> None:
+        wait = self.steps.wait
+        while (item := self.to_complete.get()) is not None:
+            worker, k, futs, out, failed, phases = item
+            if failed is None:  # launched: wait for it
+                try:
+                    wait(self.slots[worker])
+                    out, failed = out.unbind(0), []
+                except Exception as e:  # an asynchronous device error fails the batch
+                    out, failed = [e] * len(futs), list(range(len(futs)))
+            if not self._report(worker, k, futs, out, failed, phases):
+                return

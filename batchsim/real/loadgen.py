@@ -10,6 +10,12 @@ reports its own lateness (recorded arrival minus scheduled arrival) in the resul
 ``run_saturated`` is the closed-loop counterpart: it keeps a window of requests
 outstanding, which measures the most a batcher can serve.
 
+Both measure the steady state: by default the batcher first runs one untimed batch
+through every worker (``warmup``), so that a thread's first CUDA/cuBLAS use, buffer
+allocation and allocator growth do not land on the first requests; and the inputs are
+rows of one tensor made up front, sent in turn, so the harness costs a submit per
+request and nothing more.
+
 The target is a ``DynamicBatcher`` (not yet started), a naive ``InferenceBatcher``
 (driven the way tutorials drive it: a task on the event loop polls it every
 ``poll_ms``), or a model, served by a new ``DynamicBatcher(model, policy, workers,
@@ -40,14 +46,17 @@ from .naive import InferenceBatcher
 
 def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
              n_requests: int = 1000, seed=0, *, inputs=None, workers: int = 1, device=None,
-             poll_ms: float = 1.0, max_burst: int = 64) -> RunResult:
+             poll_ms: float = 1.0, max_burst: int = 64, warmup: bool = True) -> RunResult:
     """Replay ``n_requests`` arrivals of ``workload`` (seeded) open loop against ``target``.
 
     ``inputs``: a ``(m, *shape)`` tensor whose rows are sent in turn (default: 64 random
-    inputs of the model's ``input_spec``). When the harness falls behind it submits
-    what is due, at most ``max_burst`` at a time, before letting the batcher run.
-    ``meta`` of the result holds ``scheduled_s`` (the drawn arrivals) and the lateness
-    of the submissions, ``lateness_ms_p50`` / ``_p99`` / ``_max``.
+    inputs of the model's ``input_spec``), a pool made once, so that the harness costs
+    no more than a submit per request. When the harness falls behind it submits what is
+    due, at most ``max_burst`` at a time, before letting the batcher run. ``warmup``:
+    run one untimed batch of zeros through every worker first (see
+    ``DynamicBatcher.start``), so the run measures the steady state. ``meta`` of the
+    result holds ``scheduled_s`` (the drawn arrivals) and the lateness of the
+    submissions, ``lateness_ms_p50`` / ``_p99`` / ``_max``.
     """
     if not isinstance(workload, Workload):
         raise ValueError(f"workload must be a batchsim workload, got {workload!r}")
@@ -62,18 +71,23 @@ def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
     scheduled_s = np.asarray(workload.arrivals_s(n, arrival_rng), float)
 
     async def replay():
-        await server.start()
+        await server.start(warmup=warmup)
         pending: deque = deque()
+        submit, now_s, m = server.submit_nowait, server.now_s, len(rows)
+        due_s = scheduled_s.tolist()
         i = 0
         while i < n:
             sent = 0
-            while i < n and sent < burst and scheduled_s[i] <= server.now_s():
-                _submit(server, rows[i % len(rows)], pending)
+            while i < n and sent < burst and due_s[i] <= now_s():
+                try:
+                    pending.append(submit(rows[i % m]))
+                except QueueFullError:
+                    pass  # recorded as rejected by the batcher
                 i += 1
                 sent += 1
             _release(pending)
             if i < n:
-                await asyncio.sleep(max(0.0, scheduled_s[i] - server.now_s()))
+                await asyncio.sleep(max(0.0, due_s[i] - now_s()))
         await server.close()
         _release(pending)
         return server.result()
@@ -90,12 +104,12 @@ def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
 
 def run_saturated(target, n_requests: int, policy: BatchPolicy | None = None, *,
                   inputs=None, window: int | None = None, workers: int = 1, device=None,
-                  poll_ms: float = 1.0) -> RunResult:
+                  poll_ms: float = 1.0, warmup: bool = True) -> RunResult:
     """Serve ``n_requests`` keeping ``window`` of them outstanding (closed loop).
 
     The default window, ``2 * (workers + 1) * max_batch_size``, keeps a full batch
     waiting whenever a worker frees up, so the result's throughput is the batcher's
-    capacity with this model.
+    capacity with this model. ``inputs`` and ``warmup`` as in ``run_load``.
     """
     n = _check.positive_int("n_requests", n_requests)
     server = _server(target, policy, workers, device, poll_ms)
@@ -105,15 +119,19 @@ def run_saturated(target, n_requests: int, policy: BatchPolicy | None = None, *,
     window = _check.positive_int("window", window)
 
     async def saturate():
-        await server.start()
+        await server.start(warmup=warmup)
         pending: deque = deque()
+        submit, m = server.submit_nowait, len(rows)
         for i in range(n):
             if len(pending) >= window:
                 oldest = pending.popleft()
                 if not oldest.done():
                     await asyncio.wait((oldest,))
                 _settle(oldest)
-            _submit(server, rows[i % len(rows)], pending)
+            try:
+                pending.append(submit(rows[i % m]))
+            except QueueFullError:
+                pass  # recorded as rejected by the batcher
         await server.close()
         _release(pending)
         return server.result()
@@ -121,13 +139,6 @@ def run_saturated(target, n_requests: int, policy: BatchPolicy | None = None, *,
     res = _run(saturate)
     res.meta.update(harness="saturated", window=window)
     return res
-
-
-def _submit(server, x, pending: deque) -> None:
-    try:
-        pending.append(server.submit_nowait(x))
-    except QueueFullError:
-        pass  # recorded as rejected by the batcher
 
 
 def _settle(fut) -> None:
@@ -200,8 +211,13 @@ class _Polled:
         self.futures: dict[int, asyncio.Future] = {}
         self.closing = False
 
-    async def start(self):
+    async def start(self, warmup: bool = False):
+        """Start polling; ``warmup`` first runs the model once on a full batch of zeros."""
         self.loop = asyncio.get_running_loop()
+        b, spec = self.batcher, self.input_spec
+        if warmup and spec is not None:
+            with torch.no_grad():
+                b.model_fn(torch.zeros((b.max_batch_size, *spec.shape), dtype=spec.dtype))
         self.t0 = time.perf_counter()
         self.task = asyncio.create_task(self._poll())
 

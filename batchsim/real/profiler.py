@@ -8,11 +8,16 @@ one copy back to pinned host memory -> synchronize. ``end_to_end=False`` times t
 model alone on inputs already on the device (what the reference GPU numbers measure).
 On a CPU both are the same.
 
-The batcher's fixed cost per batch (handing the batch to its worker thread, stacking
-into the staging buffer, resolving futures on the loop) is measured by serving the
-model with a saturated one-worker ``DynamicBatcher``: the median time between batch
-starts, minus ``s(b)``. It is reported in the metadata (``batcher_overhead_ms``), not
-folded into ``s(b)``.
+What the batcher adds per batch is measured by serving the model with a saturated,
+warmed-up one-worker ``DynamicBatcher`` and reported in the metadata, not folded into
+``s(b)``: ``batcher_overhead_ms`` is the median time a batch of ``b`` holds its worker
+(dispatch to end) minus ``s(b)`` -- handing the batch over, stacking the inputs into the
+staging buffer, splitting the output -- and ``release_ms`` the median time from a
+batch's end to the next dispatch (the result's trip back through the event loop).
+``staging_ms`` times the stacking alone: it is a copy of ``b`` inputs, so it grows with
+``b`` times the input's bytes (512 inputs of 256 KB are 128 MB to copy, ~10 ms), and it
+is most of the overhead for large inputs. With more than one worker these costs
+overlap with other batches' compute; with one, they add up.
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ def profile_model(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats: 
     one) or given ``input_spec``. ``device``: where it runs (default: where its
     parameters are). The service's ``jitter_cv`` is the median over sizes of the
     measured coefficient of variation; ``metadata`` holds the device, model, dtype,
-    torch version, date, ``p90_ms`` and ``batcher_overhead_ms`` (at the smallest and
-    largest size; skipped when ``overhead`` is False).
+    torch version, date, ``p90_ms``, and at the smallest and largest size
+    ``batcher_overhead_ms``, ``release_ms`` and ``staging_ms`` (see the module doc;
+    skipped when ``overhead`` is False).
     """
     spec = input_spec if input_spec is not None else getattr(model, "input_spec", None)
     if not isinstance(spec, InputSpec):
@@ -77,9 +83,10 @@ def profile_model(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats: 
         "cpu_threads": torch.get_num_threads(),
     }
     if overhead:
-        metadata["batcher_overhead_ms"] = {
-            str(b): _batcher_overhead_ms(model, spec, dev, b, s_ms)
-            for b, s_ms in {sizes[0]: median_ms[0], sizes[-1]: median_ms[-1]}.items()}
+        ends = {sizes[0]: median_ms[0], sizes[-1]: median_ms[-1]}
+        costs = {b: _batcher_costs_ms(model, spec, dev, b, s_ms) for b, s_ms in ends.items()}
+        for i, key in enumerate(("batcher_overhead_ms", "release_ms", "staging_ms")):
+            metadata[key] = {str(b): c[i] for b, c in costs.items()}
     return ProfileService(sizes, median_ms, jitter_cv=cv, metadata=metadata)
 
 
@@ -114,16 +121,26 @@ def _time_batches(model, spec: InputSpec, dev: torch.device, b: int, repeats: in
     return times_ms
 
 
-def _batcher_overhead_ms(model, spec: InputSpec, dev: torch.device, b: int, s_ms: float,
-                         batches: int = 30) -> float:
-    """Median time between batch starts of a saturated one-worker batcher, minus s(b)."""
+def _batcher_costs_ms(model, spec: InputSpec, dev: torch.device, b: int, s_ms: float,
+                      batches: int = 30) -> tuple[float, float, float]:
+    """``(overhead, release, staging)`` in ms for batches of ``b`` (see the module doc)."""
     from .batcher import DynamicBatcher
     from .loadgen import run_saturated
 
+    pool = spec.random(min(b, 64))
     batcher = DynamicBatcher(model, BatchPolicy(b, float("inf")), device=dev, input_spec=spec)
-    res = run_saturated(batcher, batches * b, inputs=spec.random(b))
-    cycle_ms = 1000.0 * np.diff(res.start_s[2:])
-    return float(np.median(cycle_ms) - s_ms)
+    res = run_saturated(batcher, batches * b, inputs=pool)
+    held_ms = 1000.0 * (res.end_s - res.start_s)[2:]
+    release_ms = 1000.0 * (res.start_s[1:] - res.end_s[:-1])[2:]
+    rows = [pool[i % len(pool)] for i in range(b)]
+    staging = torch.empty((b, *spec.shape), dtype=spec.dtype, pin_memory=dev.type == "cuda")
+    stack_ms = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.stack(rows, out=staging)
+        stack_ms.append(1000.0 * (time.perf_counter() - t0))
+    return (float(np.median(held_ms) - s_ms), float(np.median(release_ms)),
+            float(np.median(stack_ms[1:])))
 
 
 def device_name(device) -> str:
