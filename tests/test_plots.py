@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from matplotlib.collections import LineCollection
 from matplotlib.container import BarContainer
+from matplotlib.patches import StepPatch
 
 import batchsim as bs
 from batchsim.policy import TRIGGER_NAMES
@@ -32,6 +33,13 @@ def overloaded():
     policy = bs.BatchPolicy(4, 1.0, max_queue_size=6, timeout_ms=3.0)
     return bs.simulate(bs.Poisson(2 * SERVICE.capacity_rps(4)), policy, SERVICE,
                        n_requests=300, seed=3)
+
+
+def steps(ax):
+    """``(heights, edges)`` of the one histogram drawn on ``ax`` as a step patch."""
+    (patch,) = [p for p in ax.patches if isinstance(p, StepPatch)]
+    heights, edges, _baseline = patch.get_data()
+    return heights, edges
 
 
 def bars(ax):
@@ -100,8 +108,10 @@ def test_timeline_rejects_an_empty_window(run):
 def test_latency_hist_counts_completed_requests_and_marks_percentiles(overloaded):
     s = overloaded.summary()
     ax = plots.latency_hist(overloaded)
-    heights = [p.get_height() for p in ax.patches]
-    assert sum(heights) == s["n_completed"] < overloaded.n_requests
+    heights, edges_ms = steps(ax)
+    assert heights.sum() == s["n_completed"] < overloaded.n_requests
+    lat_ms = 1000 * overloaded.latency_s[overloaded.status == COMPLETED]
+    assert edges_ms[0] == lat_ms.min() and edges_ms[-1] == lat_ms.max()
     marks = {line.get_label().split(" =")[0]: line.get_xdata()[0] for line in ax.get_lines()}
     assert marks == pytest.approx({"p50": s["latency_ms_p50"], "p99": s["latency_ms_p99"]})
     assert ax.get_xlabel() == "latency (ms)" and ax.get_ylabel() == "requests"
@@ -124,12 +134,11 @@ def test_latency_cdf_is_the_sorted_latencies_ending_at_one(run, overloaded):
 
 def test_batch_size_hist_counts_every_batch(run):
     ax = plots.batch_size_hist(run)
-    (group,) = bars(ax).values()
-    sizes = [round(p.get_x() + p.get_width() / 2) for p in group]
-    heights = [p.get_height() for p in group]
-    assert sizes == list(range(1, run.size.max() + 1))
-    assert heights == np.bincount(run.size)[1:].tolist()
-    assert sum(heights) == run.n_batches
+    heights, edges = steps(ax)
+    sizes = (edges[:-1] + edges[1:]) / 2
+    assert sizes.tolist() == list(range(1, run.size.max() + 1))
+    assert heights.tolist() == np.bincount(run.size)[1:].tolist()
+    assert heights.sum() == run.n_batches
     assert ax.get_xlabel() == "batch size (requests)"
 
 

@@ -124,10 +124,14 @@ def _percentiles(res):
 
 
 def latency_hist(res, ax=None, bins=50, label=None):
-    """Histogram of the completed requests' latency, p50 and p99 as vertical lines."""
+    """Histogram of the completed requests' latency, p50 and p99 as vertical lines.
+
+    Drawn as one filled step patch (``ax.stairs``) rather than a bar per bin: the same
+    picture at a fraction of the drawing time, which keeps dashboards responsive.
+    """
     ax = _axes(ax, figsize=(6, 3.5))
-    patches = ax.hist(_served_latency_ms(res), bins=bins, alpha=0.7, label=label)[2]
-    color = patches[0].get_facecolor() if len(patches) else "black"
+    counts, edges_ms = np.histogram(_served_latency_ms(res), bins=bins)
+    color = ax.stairs(counts, edges_ms, fill=True, alpha=0.7, label=label).get_facecolor()
     for q, p in _percentiles(res):
         ax.axvline(p, color=color, linestyle="--" if q == 50 else ":", linewidth=1.5,
                    label=f"p{q} = {p:.2f} ms")
@@ -158,8 +162,8 @@ def batch_size_hist(res, ax=None):
     """How many batches of each size were dispatched, with the mean size marked."""
     ax = _axes(ax, figsize=(6, 3.5))
     counts = np.bincount(res.size)
-    sizes = np.arange(counts.size)
-    ax.bar(sizes[1:], counts[1:], width=0.85, color="tab:blue")
+    # One step patch, each step centred on its batch size (see latency_hist for why).
+    ax.stairs(counts[1:], np.arange(1, counts.size + 1) - 0.5, fill=True, color="tab:blue")
     if res.n_batches:
         mean = float(res.size.mean())
         ax.axvline(mean, color="black", linestyle="--", label=f"mean {mean:.1f}")
