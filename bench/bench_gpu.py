@@ -6,10 +6,13 @@ that the targets come first if time runs out):
 
 * the offline end-to-end peak ``b / s(b)``: pre-stacked pinned batches, host-to-device
   copy, model, device-to-host copy into pinned memory, pipelined over two CUDA streams;
-* saturated DynamicBatcher throughput over that peak (the ratio of issue 5), for the
-  stage/launch/complete pipeline of threads with 2 and 4 workers, the same with a 0.2 ms
-  GIL switch interval, and a thread per worker with 4 workers; where each batch's time
-  went (dispatch to pick-up, staging copy, launch, device and completion, release);
+  eagerly (the issue's definition and the primary ratio) and with the model replayed
+  from a CUDA graph (a second, stricter ratio: graphs against graphs);
+* saturated DynamicBatcher throughput over those peaks (the ratio of issue 5), for the
+  stage/launch/complete pipeline of threads with 2 workers and a thread per worker
+  with 4 workers, both with CUDA graphs, and the best run-2 variant (a thread per worker
+  with 4 workers) eagerly; where each batch's time went (dispatch to pick-up, staging
+  copy, launch, device and completion, release) and how long graph capture took;
 * the naive polled batcher's saturated throughput over the same peak;
 * p50/p99 latency at 30% and 70% of the peak (Poisson arrivals, max_wait_ms = one
   batch's end-to-end time) for the best DynamicBatcher and the naive one.
@@ -49,9 +52,9 @@ from batchsim.real.profiler import device_name, device_slug, profile_filename
 REFERENCE = Path(__file__).with_name("reference_h200_compute_only.json")
 MODELS = ("encoder", "cnn", "mlp")
 BENCH_MODELS = (("encoder", "bfloat16"), ("cnn", "bfloat16"), ("mlp", "float32"))
-#: (label, pipeline, workers, GIL switch interval in s or None for Python's default)
-VARIANTS = (("pipe x2", True, 2, None), ("pipe x4", True, 4, None),
-            ("pipe x4 swi", True, 4, 2e-4), ("threads x4", False, 4, None))
+#: (label, pipeline, workers, CUDA graphs)
+VARIANTS = (("pipe x2 graphs", True, 2, True), ("threads x4 graphs", False, 4, True),
+            ("threads x4", False, 4, False))
 LOADS = (0.3, 0.7)
 WARMUP_FRAC = 0.2
 #: Issue 5's targets for the best saturated ratio at max_batch_size >= 32.
@@ -135,14 +138,27 @@ def compare(key: str, only, e2e, ref: dict) -> None:
 
 # -- DynamicBatcher against the offline peak and the naive batcher ------------------------
 
-def offline_peak_rps(model, spec, dev, b: int, seconds: float) -> float:
-    """Pre-stacked pinned batches: H2D, model, D2H pipelined over two CUDA streams."""
+def offline_peak_rps(model, spec, dev, b: int, seconds: float, graphs: bool = False):
+    """Pre-stacked pinned batches: H2D, model, D2H pipelined over two CUDA streams.
+
+    ``graphs``: the model replayed from a CUDA graph per stream (None if that fails or
+    there is no GPU).
+    """
     cuda = dev.type == "cuda"
+    if graphs and not cuda:
+        return None
     lanes = 2 if cuda else 1
     host_in = spec.random(b, pin_memory=cuda)
     dev_in = [host_in.to(dev) for _ in range(lanes)]
     streams = [torch.cuda.Stream(dev) if cuda else None for _ in range(lanes)]
     host_out = [None] * lanes
+    forward = [model] * lanes
+    if graphs:
+        try:
+            forward = [captured(model, x, s) for x, s in zip(dev_in, streams, strict=True)]
+        except Exception as e:
+            print(f"    offline graph capture failed: {e!r}", flush=True)
+            return None
 
     def run(n):
         for i in range(n):
@@ -150,7 +166,7 @@ def offline_peak_rps(model, spec, dev, b: int, seconds: float) -> float:
             with torch.cuda.stream(streams[j]):
                 if cuda:
                     dev_in[j].copy_(host_in, non_blocking=True)
-                y = model(dev_in[j])
+                y = forward[j](dev_in[j])
                 if cuda:
                     if host_out[j] is None:
                         host_out[j] = torch.empty(y.shape, dtype=y.dtype, pin_memory=True)
@@ -166,6 +182,21 @@ def offline_peak_rps(model, spec, dev, b: int, seconds: float) -> float:
         t0 = time.perf_counter()
         run(n)
         return n * b / (time.perf_counter() - t0)
+
+
+def captured(model, x, stream):
+    """``model`` as a CUDA graph on the static input ``x``: a call replays it."""
+    with torch.no_grad(), torch.cuda.stream(stream):
+        for _ in range(2):
+            model(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph, stream=stream):
+        y = model(x)
+
+    def replay(_x):
+        graph.replay()
+        return y
+    return replay
 
 
 def naive_model(model, dev):
@@ -210,19 +241,23 @@ def phases_ms(res) -> dict:
             for k, v in parts.items()}
 
 
-def saturated(cfg, model, policy, n, inputs, pipeline, workers, switch_s):
+def saturated(cfg, model, policy, n, inputs, pipeline, workers, graphs):
     """Saturated DynamicBatcher run; the result and the CPU cores the process used."""
-    before = sys.getswitchinterval()
-    if switch_s is not None:
-        sys.setswitchinterval(switch_s)
-    try:
-        batcher = DynamicBatcher(model, policy, workers=workers, device=cfg.device,
-                                 pipeline=pipeline)
-        cpu0, t0 = time.process_time(), time.perf_counter()
-        res = run_saturated(batcher, n, inputs=inputs)
-        return res, (time.process_time() - cpu0) / (time.perf_counter() - t0)
-    finally:
-        sys.setswitchinterval(before)
+    batcher = DynamicBatcher(model, policy, workers=workers, device=cfg.device,
+                             pipeline=pipeline, cuda_graphs=graphs)
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    res = run_saturated(batcher, n, inputs=inputs)
+    return res, (time.process_time() - cpu0) / (time.perf_counter() - t0)
+
+
+def graphs_note(res) -> str:
+    """How the CUDA graph capture went, for the log."""
+    g = res.meta.get("cuda_graphs")
+    if g is None:
+        return "eager"
+    took = f", captured in {g['capture_s']:.2f} s" if "capture_s" in g else ""
+    errors = f", errors {g['errors'][:1]}" if g["errors"] else ""
+    return f"graphs on {g['workers_with_graphs']} workers{took}{errors}"
 
 
 def bench_one(cfg: Settings, model, b: int) -> dict:
@@ -231,43 +266,45 @@ def bench_one(cfg: Settings, model, b: int) -> dict:
     s_ms = profile_model(model, [b], repeats=10, overhead=False).times_ms[0]
     policy = bs.BatchPolicy(b, round(s_ms, 3))
     peak = offline_peak_rps(model, spec, dev, b, cfg.peak_s)
+    graph_peak = offline_peak_rps(model, spec, dev, b, cfg.peak_s, graphs=True)
     row = {"max_batch_size": b, "s_e2e_ms": s_ms, "max_wait_ms": policy.max_wait_ms,
-           "offline_peak_rps": peak, "dynamic": {}, "loads": {}}
-    print(f"  b={b}: s_e2e {s_ms:.3f} ms, offline peak {peak:,.0f} req/s", flush=True)
-    n_sat = cfg.n_requests(peak)
-    for label, pipeline, workers, switch_s in VARIANTS:
-        res, cores = saturated(cfg, model, policy, n_sat, inputs, pipeline, workers, switch_s)
+           "offline_peak_rps": peak, "offline_graph_peak_rps": graph_peak,
+           "dynamic": {}, "loads": {}}
+    gp = f"{graph_peak:,.0f}" if graph_peak else "n/a"
+    print(f"  b={b}: s_e2e {s_ms:.3f} ms, offline peak {peak:,.0f} req/s eager (the ratio's "
+          f"peak), {gp} req/s with a CUDA graph", flush=True)
+    n_sat = cfg.n_requests(max(peak, graph_peak or 0.0))
+    for label, pipeline, workers, graphs in VARIANTS:
+        res, cores = saturated(cfg, model, policy, n_sat, inputs, pipeline, workers, graphs)
         rps = res.summary(warmup_frac=WARMUP_FRAC)["throughput_rps"]
-        row["dynamic"][label] = served(res, ratio_to_offline_peak=rps / peak,
-                                       phases_ms=phases_ms(res), cpu_cores=cores)
+        row["dynamic"][label] = served(
+            res, ratio_to_offline_peak=rps / peak, phases_ms=phases_ms(res), cpu_cores=cores,
+            ratio_to_offline_graph_peak=rps / graph_peak if graph_peak else None,
+            cuda_graphs=res.meta.get("cuda_graphs"))
         ph = " ".join(f"{k} {v:.3f}" for k, v in row["dynamic"][label]["phases_ms"].items()
                       if v is not None)
-        print(f"    DynamicBatcher {label:<11}: {rps:>10,.0f} req/s = {rps / peak:.2f} of peak; "
-              f"{cores:.1f} cores; median ms: {ph}", flush=True)
+        vs_graph = f" ({rps / graph_peak:.2f} of graph peak)" if graph_peak else ""
+        print(f"    DynamicBatcher {label:<17}: {rps:>10,.0f} req/s = {rps / peak:.2f} of peak"
+              f"{vs_graph}; {cores:.1f} cores; median ms: {ph}; {graphs_note(res)}",
+              flush=True)
     best = max(row["dynamic"], key=lambda k: row["dynamic"][k]["throughput_rps"])
     row["best"] = best
-    label, pipeline, workers, switch_s = next(v for v in VARIANTS if v[0] == best)
+    label, pipeline, workers, graphs = next(v for v in VARIANTS if v[0] == best)
     naive_fn = naive_model(model, dev)
     naive_guess_rps = b / (s_ms + 1.0) * 1000.0  # one batch per model call plus a 1 ms poll
     res = run_saturated(InferenceBatcher(naive_fn, b, policy.max_wait_ms),
                         cfg.n_requests(naive_guess_rps), inputs=inputs)
     naive_rps = res.summary(warmup_frac=WARMUP_FRAC)["throughput_rps"]
     row["naive"] = served(res, ratio_to_offline_peak=naive_rps / peak)
-    print(f"    naive polled              : {naive_rps:>10,.0f} req/s = "
+    print(f"    naive polled                     : {naive_rps:>10,.0f} req/s = "
           f"{naive_rps / peak:.2f} of peak", flush=True)
     for load in LOADS:
         rate = load * peak
         work = bs.Poisson(rate)
         n = cfg.n_requests(rate)
-        before = sys.getswitchinterval()
-        if switch_s is not None:
-            sys.setswitchinterval(switch_s)
-        try:
-            dyn = run_load(DynamicBatcher(model, policy, workers=workers, device=dev,
-                                          pipeline=pipeline), work, n_requests=n, seed=1,
-                           inputs=inputs)
-        finally:
-            sys.setswitchinterval(before)
+        dyn = run_load(DynamicBatcher(model, policy, workers=workers, device=dev,
+                                      pipeline=pipeline, cuda_graphs=graphs),
+                       work, n_requests=n, seed=1, inputs=inputs)
         n_naive = min(n, cfg.n_requests(naive_rps))
         nai = run_load(InferenceBatcher(naive_fn, b, policy.max_wait_ms), work,
                        n_requests=n_naive, seed=1, inputs=inputs)
@@ -287,8 +324,10 @@ def part_bench(cfg: Settings, out: Path, budget_s: float) -> None:
     t_start = time.perf_counter()
     path = out / f"bench_gpu_{device_slug(cfg.device)}.json"
     report = {**header(cfg), "results": [], "skipped": [], "errors": [],
-              "note": "ratio_to_offline_peak: saturated req/s over the offline pipelined "
-                      "end-to-end peak (pre-stacked pinned batches, two streams)"}
+              "note": "ratio_to_offline_peak (the issue's ratio): saturated req/s over the "
+                      "offline pipelined end-to-end peak (pre-stacked pinned batches, two "
+                      "streams, eager model); ratio_to_offline_graph_peak: over the same "
+                      "peak with the model replayed from a CUDA graph"}
     per_config_s = None
     for b in cfg.max_batch_sizes:
         for name, dtype in BENCH_MODELS:
@@ -317,24 +356,30 @@ def part_bench(cfg: Settings, out: Path, budget_s: float) -> None:
 
 def print_table(report: dict) -> None:
     print(f"\n{report['device']} (torch {report['torch']}): saturated throughput / offline "
-          f"end-to-end peak; p50/p99 ms of the best DynamicBatcher | naive")
+          f"end-to-end peak (eager; the graph peak's ratio is in the JSON); p50/p99 ms of "
+          f"the best DynamicBatcher | naive")
     labels = [v[0] for v in VARIANTS]
     print(f"  {'model':<8} {'dtype':<9} {'b':>4} {'peak req/s':>11} "
-          + " ".join(f"{lab:>11}" for lab in labels)
-          + f" {'naive':>6} {'target':>7}   at 30%{'':>16} at 70%")
+          + " ".join(f"{lab:>17}" for lab in labels)
+          + f" {'naive':>6} {'target':>7} {'graph peak':>11} {'best/it':>7}"
+          + f"   at 30%{'':>16} at 70%")
     for r in sorted(report["results"], key=lambda r: (r["model"], r["max_batch_size"])):
-        ratios = " ".join(f"{r['dynamic'][lab]['ratio_to_offline_peak']:>11.2f}"
+        ratios = " ".join(f"{r['dynamic'][lab]['ratio_to_offline_peak']:>17.2f}"
                           for lab in labels)
         best = r["dynamic"][r["best"]]["ratio_to_offline_peak"]
         goal = TARGETS[r["model"]] if r["max_batch_size"] >= 32 else None
         verdict = "-" if goal is None else ("met" if best >= goal else f"<{goal}")
+        graph_peak = r.get("offline_graph_peak_rps")
+        top_rps = max(d["throughput_rps"] for d in r["dynamic"].values())
+        vs_graph = (f"{graph_peak:>11,.0f} {top_rps / graph_peak:>7.2f}" if graph_peak
+                    else f"{'-':>11} {'-':>7}")
         loads = "  ".join(f"{v['dynamic']['latency_ms_p50']:.2f}/"
                           f"{v['dynamic']['latency_ms_p99']:.2f} | "
                           f"{v['naive']['latency_ms_p50']:.1f}/{v['naive']['latency_ms_p99']:.1f}"
                           for v in r["loads"].values())
         print(f"  {r['model']:<8} {r['dtype']:<9} {r['max_batch_size']:>4} "
               f"{r['offline_peak_rps']:>11,.0f} {ratios} "
-              f"{r['naive']['ratio_to_offline_peak']:>6.2f} {verdict:>7}   {loads}")
+              f"{r['naive']['ratio_to_offline_peak']:>6.2f} {verdict:>7} {vs_graph}   {loads}")
     if report["skipped"] or report["errors"]:
         print(f"  skipped: {report['skipped']}; errors: {report['errors']}")
 
@@ -343,7 +388,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("part", nargs="?", choices=["bench", "profiles", "all"], default="bench")
     p.add_argument("--out-dir", default="bench/results")
-    p.add_argument("--budget-s", type=float, default=170.0,
+    p.add_argument("--budget-s", type=float, default=165.0,
                    help="bench: start no configuration that would end after this long")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny models, seconds")
     args = p.parse_args(argv)

@@ -20,7 +20,7 @@ from batchsim.real import (
     make_model,
     run_load,
 )
-from batchsim.real.batcher import _HostSteps, _single_threaded_ops
+from batchsim.real.batcher import _Graphs, _HostSteps, _single_threaded_ops, graph_buckets
 from batchsim.result import COMPLETED, EXPIRED, FAILED, REJECTED
 
 SPEC = InputSpec((4,), torch.float32)
@@ -567,3 +567,143 @@ def test_stress_every_future_resolves(drain, pipeline):
             assert i not in poisoned and torch.equal(out, 2 * xs[i] + 1)
         elif isinstance(out, ArithmeticError):
             assert i in poisoned
+
+
+# -- CUDA graphs: bucketing, padding and fallback, on the CPU with a fake capture ----------
+
+class _FakeGraphSteps(_HostSteps):
+    """Host steps with a stand-in for CUDA graph capture, with a graph's semantics.
+
+    A "graph" is the model bound to a fixed view of the staging buffer: its replay
+    recomputes a fixed output tensor from whatever those rows hold at that moment, and
+    logs its bucket. ``fail`` makes capture raise, as an uncapturable model does.
+    """
+
+    can_capture = True
+
+    def __init__(self, batcher, fail=False):
+        super().__init__(batcher)
+        self.fail, self.captured, self.replayed = fail, [], []
+
+    def capture(self, slot, x):
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        out = self.model_fn(x).clone()
+        self.captured.append(len(x))
+
+        def replay():
+            self.replayed.append(len(x))
+            out.copy_(self.model_fn(x))
+        return replay, out
+
+
+def graph_batcher(model, policy, fail=False, **kw):
+    class Batcher(DynamicBatcher):
+        def _make_steps(self):
+            self.steps = _FakeGraphSteps(self, fail)
+            return self.steps
+    return Batcher(model, policy, cuda_graphs=True, **kw)
+
+
+@pytest.mark.parametrize("max_b, buckets", [(1, (1,)), (2, (1, 2)), (8, (1, 2, 4, 8)),
+                                            (12, (1, 2, 4, 8, 12)),
+                                            (128, (1, 2, 4, 8, 16, 32, 64, 128))])
+def test_graph_buckets_are_powers_of_two_and_the_max(max_b, buckets):
+    assert graph_buckets(max_b) == buckets
+
+
+def test_graph_buckets_reject_a_bad_size():
+    with pytest.raises(ValueError, match="max_batch_size"):
+        graph_buckets(0)
+
+
+def test_graphs_pad_a_batch_to_its_bucket_and_drop_the_pad_rows():
+    static_in = torch.full((8, 4), 100.0)  # stale rows: whatever the buffer held before
+    sizes = []
+
+    def capture(x):
+        sizes.append(len(x))
+        out = torch.empty(len(x), 4)
+        return (lambda: out.copy_(2 * x + 1)), out
+
+    graphs = _Graphs(capture, static_in, graph_buckets(8))
+    assert sizes == [8, 4, 2, 1]  # largest first
+    assert [graphs.bucket(n) for n in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+    for n in (1, 3, 5, 8):
+        xs = inputs(n, seed=n)
+        static_in[:n] = xs
+        out = graphs(n)
+        assert out.shape == (n, 4) and torch.equal(out, 2 * xs + 1)
+
+
+def test_batcher_replays_graphs_per_bucket_with_the_same_answers(pipeline):
+    xs = inputs(300, seed=3)
+
+    async def main():
+        b = graph_batcher(Affine(), bs.BatchPolicy(8, 0.5), workers=2, pipeline=pipeline)
+        await b.start()  # graphs need the warm-up, asked for or not
+        ys = []
+        for lo in range(0, 300, 30):  # bursts of uneven size: partial batches too
+            ys += await asyncio.gather(*(b.submit(x) for x in xs[lo:lo + 30]))
+        await b.close()
+        return b, ys
+
+    b, ys = run(main())
+    assert torch.equal(torch.stack(ys), 2 * xs + 1)
+    res = b.result()
+    assert res.meta["cuda_graphs"]["workers_with_graphs"] == 2
+    assert res.meta["cuda_graphs"]["errors"] == []
+    assert b.steps.captured == [8, 4, 2, 1] * 2
+    buckets = _Graphs(lambda x: (None, None), torch.zeros(8, 4), graph_buckets(8))
+    assert sorted(b.steps.replayed) == sorted(buckets.bucket(int(n)) for n in res.size)
+
+
+def test_a_failed_capture_falls_back_to_the_eager_model_and_says_why(pipeline):
+    model = Affine()
+    xs = inputs(40, seed=4)
+
+    async def main():
+        b = graph_batcher(model, bs.BatchPolicy(8, 0.5), fail=True, pipeline=pipeline)
+        async with b:
+            ys = await asyncio.gather(*(b.submit(x) for x in xs))
+        return b, ys
+
+    b, ys = run(main())
+    assert torch.equal(torch.stack(ys), 2 * xs + 1) and b.steps.replayed == []
+    meta = b.result().meta["cuda_graphs"]
+    assert meta["workers_with_graphs"] == 0
+    assert "capture failed, eager" in meta["errors"][0] and "capturing" in meta["errors"][0]
+
+
+def test_cuda_graphs_are_off_on_the_cpu_and_asking_for_them_says_why():
+    async def main(cuda_graphs):
+        async with DynamicBatcher(Affine(), bs.BatchPolicy(4, 0.5),
+                                  cuda_graphs=cuda_graphs) as b:
+            y = await b.submit(torch.ones(4))
+        return y, b.result().meta
+
+    y, meta = run(main(None))
+    assert torch.equal(y, torch.full((4,), 3.0)) and "cuda_graphs" not in meta
+    y, meta = run(main(True))
+    assert torch.equal(y, torch.full((4,), 3.0))
+    assert meta["cuda_graphs"]["errors"] == ["no graph capture on cpu"]
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        DynamicBatcher(Affine(), bs.BatchPolicy(4, 0.5), cuda_graphs="yes")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["mlp", "cnn", "encoder"])
+def test_cuda_graphs_give_the_eager_answers_on_the_gpu(name, pipeline):
+    model = make_model(name, device="cuda", size="tiny")
+    xs = model.input_spec.random(45, seed=5)
+
+    async def main(graphs):
+        async with DynamicBatcher(model, bs.BatchPolicy(16, 0.5), workers=2,
+                                  pipeline=pipeline, cuda_graphs=graphs) as b:
+            ys = await asyncio.gather(*(b.submit(x) for x in xs))
+        return torch.stack(ys), b.result().meta
+
+    eager, _ = run(main(False))
+    graphed, meta = run(main(True))
+    assert meta["cuda_graphs"]["workers_with_graphs"] == 2, meta["cuda_graphs"]
+    torch.testing.assert_close(graphed, eager, rtol=1e-3, atol=1e-3)

@@ -45,7 +45,7 @@ def test_session_script_runs_the_bench_within_its_budget_and_skips_the_profiles(
     assert report["skipped"] and (row["model"], row["dtype"]) == ("encoder", "bfloat16")
     assert row["offline_peak_rps"] > 0 and row["naive"]["throughput_rps"] > 0
     assert set(row["dynamic"]) == {v[0] for v in VARIANTS} and row["best"] in row["dynamic"]
-    pipe = row["dynamic"]["pipe x2"]
+    pipe = row["dynamic"][VARIANTS[0][0]]
     assert pipe["n_failed"] == 0 and set(pipe["phases_ms"]) == {
         "pickup", "stage", "launch", "finish", "release"}
     assert set(row["loads"]) == {"0.3", "0.7"}

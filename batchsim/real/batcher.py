@@ -29,6 +29,17 @@ thread wake-up:
   GPU runs them on their own streams; the only device synchronisation is the event.
   ``pipeline=False`` runs CUDA batches on a thread per worker instead.
 
+CUDA graphs (``cuda_graphs``, on by default on CUDA when the input spec is known at
+``start()``): a model call launches dozens of kernels, each a few microseconds of Python
+holding the GIL, so a small model is launch-bound. At start-up every worker captures the
+model once per batch-size bucket (``graph_buckets``: powers of two, and max_batch_size)
+on its stream and its device input buffer; a batch of ``n`` then runs as the smallest
+bucket ``>= n`` -- the pad rows hold whatever the buffer held, are computed and dropped
+-- by one graph replay, one host call. The model must treat rows independently (batching
+needs that anyway) and be capturable (no host synchronisation, no data-dependent control
+flow); when a capture fails, that worker runs the model eagerly and ``result().meta
+["cuda_graphs"]`` says why.
+
 Failures stay with the requests that cause them: a model exception (or a CUDA
 out-of-memory error) splits the batch in halves and retries each, down to single
 requests. Every request ends exactly one way: a result, or an exception (its own
@@ -45,6 +56,7 @@ import math
 import queue
 import threading
 import time
+from bisect import bisect_left
 from collections import deque
 from dataclasses import replace
 
@@ -112,7 +124,9 @@ class DynamicBatcher:
     first request fixes it. ``device``: where the model runs (default: the device of
     the model's parameters, else CPU); inputs arrive on the CPU and outputs go back to
     it. ``pipeline``: run batches through the stage/launch/complete pipeline of threads
-    rather than a thread per worker (default: on CUDA only; see the module doc). Use it
+    rather than a thread per worker (default: on CUDA only; see the module doc).
+    ``cuda_graphs``: replay the model from CUDA graphs captured at ``start()``
+    (default: on CUDA when the input spec is known; see the module doc). Use it
     inside a running event loop::
 
         async with DynamicBatcher(model, BatchPolicy(32, 5.0)) as batcher:
@@ -121,7 +135,8 @@ class DynamicBatcher:
     """
 
     def __init__(self, model_fn, policy: BatchPolicy, workers: int = 1, device=None,
-                 input_spec: InputSpec | None = None, *, pipeline: bool | None = None):
+                 input_spec: InputSpec | None = None, *, pipeline: bool | None = None,
+                 cuda_graphs: bool | None = None):
         if not callable(model_fn):
             raise ValueError(f"model_fn must be callable, got {model_fn!r}")
         if not isinstance(policy, BatchPolicy):
@@ -138,6 +153,10 @@ class DynamicBatcher:
         if pipeline is not None and not isinstance(pipeline, bool):
             raise ValueError(f"pipeline must be True, False or None, got {pipeline!r}")
         self.pipeline = self.device.type == "cuda" if pipeline is None else pipeline
+        if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be True, False or None, got {cuda_graphs!r}")
+        self.cuda_graphs = cuda_graphs
+        self._graphs_meta: dict | None = None
         self.input_spec = spec
         self._loop: asyncio.AbstractEventLoop | None = None
         self._t0 = 0.0
@@ -161,17 +180,37 @@ class DynamicBatcher:
         ``warmup=True`` (needs a known input spec) first runs one batch of
         ``max_batch_size`` zeros through every worker, so that one-time costs (buffer
         allocation, a thread's first use of cuBLAS/cuDNN on its stream, allocator
-        growth) are paid before the first request; it is not part of the run.
+        growth) are paid before the first request; it is not part of the run. With CUDA
+        graphs on, the warm-up always runs, and captures the graphs after it.
         """
         if self._loop is not None:
             raise RuntimeError("this DynamicBatcher was already started; make a new one")
         self._loop = asyncio.get_running_loop()
         self._runner = self._make_runner()
         self._free = list(range(self.workers))
-        if warmup and self.input_spec is not None:
-            await self._runner.warmup()
+        capture = self._graphs_wanted()
+        if (warmup or capture) and self.input_spec is not None:
+            t0 = time.perf_counter()
+            errors = await self._runner.warmup(capture)
+            if capture:
+                self._graphs_meta.update(
+                    capture_s=time.perf_counter() - t0, errors=[e for e in errors if e],
+                    workers_with_graphs=sum(e is None for e in errors))
         self._t0 = time.perf_counter()
         return self
+
+    def _graphs_wanted(self) -> bool:
+        """Whether to capture CUDA graphs at start; says why not in ``_graphs_meta``."""
+        want = self.device.type == "cuda" if self.cuda_graphs is None else self.cuda_graphs
+        if not want:
+            return False
+        self._graphs_meta = {"buckets": list(graph_buckets(self.policy.max_batch_size))}
+        reason = ("the input spec is unknown at start()" if self.input_spec is None else
+                  None if self._runner.steps.can_capture else
+                  f"no graph capture on {self.device.type}")
+        if reason is not None:
+            self._graphs_meta.update(workers_with_graphs=0, errors=[reason])
+        return reason is None
 
     def _make_runner(self) -> _Runner:
         runner = _PipelineRunner if self.pipeline else _ThreadRunner
@@ -221,9 +260,10 @@ class DynamicBatcher:
         """
         if self._idle is None or not self._idle.done():
             raise RuntimeError("result() needs a closed batcher: await batcher.close() first")
+        extra = {} if self._graphs_meta is None else {"cuda_graphs": self._graphs_meta}
         return self._log.result(self.workers, engine="real", policy=self.policy,
                                 device=str(self.device), close_s=self._close_s,
-                                model=_name(self.model_fn))
+                                model=_name(self.model_fn), **extra)
 
     # -- submitting ------------------------------------------------------------------
     async def submit(self, x, timeout_ms: float | None = None):
@@ -436,6 +476,40 @@ def _checked(out, n: int) -> torch.Tensor:
     return out
 
 
+def graph_buckets(max_batch_size: int) -> tuple[int, ...]:
+    """The batch sizes captured as CUDA graphs: powers of two below max_batch_size, and it."""
+    b = _check.positive_int("max_batch_size", max_batch_size)
+    return (*(1 << i for i in range(b.bit_length()) if 1 << i < b), b)
+
+
+#: Warm-ups and graph captures run one at a time: a capture synchronises the device and
+#: empties the allocator's cache, which must not happen under another thread's capture.
+_WARMUP_LOCK = threading.Lock()
+
+
+class _Graphs:
+    """A model captured once per batch-size bucket on one input buffer; replays by size.
+
+    ``capture(x)`` (a view of the first rows of the buffer) returns ``(replay, out)``:
+    calling ``replay()`` recomputes ``out`` from whatever the buffer's rows hold then.
+    A batch of ``n`` rows, already in the buffer, runs as the smallest bucket ``>= n``;
+    the output's first ``n`` rows are its answers, the pad rows are dropped. Captured
+    largest first, so that the smaller graphs can reuse the larger one's memory pool.
+    """
+
+    def __init__(self, capture, static_in: torch.Tensor, buckets):
+        self.buckets = tuple(sorted(buckets))
+        self.replays = {b: capture(static_in[:b]) for b in reversed(self.buckets)}
+
+    def bucket(self, n: int) -> int:
+        return self.buckets[bisect_left(self.buckets, n)]
+
+    def __call__(self, n: int) -> torch.Tensor:
+        replay, out = self.replays[self.bucket(n)]
+        replay()
+        return out[:n]
+
+
 def _single_threaded_ops() -> None:
     """Make the calling thread's CPU ops single-threaded; other threads keep their count.
 
@@ -456,11 +530,13 @@ def _single_threaded_ops() -> None:
 
 
 class _Slot:
-    """One worker's buffers: staging (host), device input, CUDA stream and event."""
+    """One worker's buffers: staging (host), device input, CUDA stream and event, graphs."""
 
     def __init__(self, stream=None, event=None):
         self.staging = self.device_in = None
         self.stream, self.event = stream, event
+        self.graphs: _Graphs | None = None
+        self.pool = None  # the memory pool its graphs share
 
 
 class _HostSteps:
@@ -468,10 +544,12 @@ class _HostSteps:
 
     ``launch`` starts a staged batch and returns its output (here: runs it to the
     end), ``wait`` waits for the worker's batch in flight, ``recover`` cleans up after
-    an error. ``_CudaSteps`` makes ``launch`` asynchronous.
+    an error. ``_CudaSteps`` makes ``launch`` asynchronous. ``capture`` (where
+    ``can_capture``) records one graph of the model for ``capture_graphs``.
     """
 
     pinned = False
+    can_capture = False
 
     def __init__(self, batcher: DynamicBatcher):
         self.batcher = batcher
@@ -496,12 +574,38 @@ class _HostSteps:
         shape = (b.policy.max_batch_size, *b.input_spec.shape)
         slot.staging = torch.empty(shape, dtype=b.input_spec.dtype, pin_memory=self.pinned)
 
+    def graph_input(self, slot: _Slot) -> torch.Tensor:
+        """The buffer a batch's model input is a view of (what graphs are captured on)."""
+        return slot.staging
+
+    def forward(self, slot: _Slot, x: torch.Tensor) -> torch.Tensor:
+        """The model on ``x``, the first rows of the graph input: a replay if captured."""
+        if slot.graphs is not None:
+            return slot.graphs(len(x))
+        return _checked(self.model_fn(x), len(x))
+
+    def capture(self, slot: _Slot, x: torch.Tensor):
+        raise NotImplementedError(f"no graph capture on {self.batcher.device.type}")
+
+    def capture_graphs(self, slot: _Slot) -> str | None:
+        """Capture the model per bucket for this slot; else why not (it then runs eagerly)."""
+        try:
+            if slot.staging is None:
+                self.allocate(slot)
+            slot.graphs = _Graphs(lambda x: self.capture(slot, x), self.graph_input(slot),
+                                  graph_buckets(self.batcher.policy.max_batch_size))
+            return None
+        except Exception as e:
+            slot.graphs = slot.pool = None
+            self.recover(slot, e)
+            return f"capture failed, eager: {type(e).__name__}: {e}"
+
     def launch(self, slot: _Slot, host_in: torch.Tensor) -> torch.Tensor:
-        """Run the model; the output is a CPU tensor that does not alias the staging."""
-        device = self.batcher.device
-        out = _checked(self.model_fn(host_in.to(device)), len(host_in)).cpu()
-        if out.untyped_storage().data_ptr() == slot.staging.untyped_storage().data_ptr():
-            out = out.clone()  # the output is (a view of) the staging buffer
+        """Run the model; the output is a CPU tensor that aliases no buffer of the slot."""
+        out = self.forward(slot, host_in.to(self.batcher.device)).cpu()
+        if (slot.graphs is not None or out.untyped_storage().data_ptr()
+                == slot.staging.untyped_storage().data_ptr()):
+            out = out.clone()  # a graph's static output, or (a view of) the staging buffer
         return out
 
     def wait(self, slot: _Slot) -> None:
@@ -515,6 +619,7 @@ class _CudaSteps(_HostSteps):
     """On CUDA: pinned staging, and a stream and a completion event per worker."""
 
     pinned = True
+    can_capture = True
 
     def new_slot(self) -> _Slot:
         device = self.batcher.device
@@ -526,8 +631,28 @@ class _CudaSteps(_HostSteps):
 
     def allocate(self, slot: _Slot) -> None:
         super().allocate(slot)
-        slot.device_in = torch.empty(slot.staging.shape, dtype=slot.staging.dtype,
-                                     device=self.batcher.device)
+        slot.device_in = torch.zeros(slot.staging.shape, dtype=slot.staging.dtype,
+                                     device=self.batcher.device)  # finite pad rows
+
+    def graph_input(self, slot: _Slot) -> torch.Tensor:
+        return slot.device_in
+
+    def capture(self, slot: _Slot, x: torch.Tensor):
+        """One graph of the model on ``x``, on the slot's stream, in its shared pool.
+
+        Two eager calls on that (side) stream first, as capture requires: lazy
+        initialisations (cuBLAS workspaces, kernel choices for this shape) must not
+        happen inside the capture.
+        """
+        torch.cuda.set_stream(slot.stream)
+        for _ in range(2):
+            self.model_fn(x)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=slot.pool, stream=slot.stream,
+                              capture_error_mode="thread_local"):
+            out = _checked(self.model_fn(x), len(x))
+        slot.pool = graph.pool()
+        return graph.replay, out
 
     def launch(self, slot: _Slot, host_in: torch.Tensor) -> torch.Tensor:
         """Enqueue on the slot's stream: copy in, model, copy back, completion event."""
@@ -535,7 +660,7 @@ class _CudaSteps(_HostSteps):
         torch.cuda.set_stream(slot.stream)
         dev_in = slot.device_in[:n]
         dev_in.copy_(host_in, non_blocking=True)
-        out = _checked(self.model_fn(dev_in), n)
+        out = self.forward(slot, dev_in)
         host_out = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
         host_out.copy_(out, non_blocking=True)
         slot.event.record(slot.stream)
@@ -580,18 +705,24 @@ class _Runner:
     def stop(self) -> None:
         raise NotImplementedError
 
-    async def warmup(self) -> None:
-        """Run one batch of zeros of ``max_batch_size`` through every worker; wait."""
+    async def warmup(self, capture: bool = False) -> list:
+        """Run one batch of zeros of ``max_batch_size`` through every worker; wait.
+
+        ``capture``: then capture each worker's CUDA graphs. Returns, per worker, why
+        its capture failed, or None.
+        """
         spec, max_b = self.batcher.input_spec, self.batcher.policy.max_batch_size
         rows = torch.zeros((max_b, *spec.shape), dtype=spec.dtype).unbind(0)
         done = [concurrent.futures.Future() for _ in self.slots]
         for worker, fut in enumerate(done):
-            self.put(worker, None, rows, fut)
-        await asyncio.gather(*map(asyncio.wrap_future, done))
+            self.put(worker, None, (rows, capture), fut)
+        return await asyncio.gather(*map(asyncio.wrap_future, done))
 
-    def _warm(self, slot: _Slot, xs, done: concurrent.futures.Future) -> None:
-        self._serve(slot, xs)  # a model that cannot take zeros fails later, per request
-        done.set_result(None)
+    def _warm(self, slot: _Slot, job, done: concurrent.futures.Future) -> None:
+        xs, capture = job
+        with _WARMUP_LOCK:
+            self._serve(slot, xs)  # a model that cannot take zeros fails later, per request
+            done.set_result(self.steps.capture_graphs(slot) if capture else None)
 
     def _serve(self, slot: _Slot, xs, error: Exception | None = None):
         """Run ``xs`` to the end: ``(outputs, failed positions)``.
