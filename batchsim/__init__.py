@@ -13,7 +13,14 @@ from . import theory
 from .plan import Recommendation, recommend
 from .policy import BatchPolicy
 from .result import COMPLETED, EXPIRED, REJECTED, RunResult
-from .service import AffineService, ProfileService, load_service, shipped_profiles
+from .service import (
+    AffineService,
+    BatcherCosts,
+    CalibratedService,
+    ProfileService,
+    load_service,
+    shipped_profiles,
+)
 from .sim import simulate
 from .sweep import sweep
 from .workload import Bursty, Constant, Diurnal, Gamma, Poisson, Ramp, Trace, Workload
@@ -27,9 +34,20 @@ def quick() -> bool:
     return flag not in ("", "0") or bool(os.environ.get("CI"))
 
 
+def __getattr__(name):
+    """``calibrate`` (the module, callable as its function) and ``compare`` load on first use."""
+    if name in ("calibrate", "compare"):
+        import importlib
+
+        module = importlib.import_module(".calibrate", __name__)
+        return module if name == "calibrate" else module.compare
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "BatchPolicy", "RunResult", "COMPLETED", "REJECTED", "EXPIRED",
     "AffineService", "ProfileService", "load_service", "shipped_profiles",
+    "CalibratedService", "BatcherCosts", "calibrate", "compare",
     "simulate", "Workload", "Poisson", "Constant", "Gamma", "Bursty", "Ramp", "Diurnal",
     "Trace", "quick", "theory", "sweep", "recommend", "Recommendation",
 ]

@@ -243,6 +243,98 @@ def _run_recommend(args) -> int:
     return 0 if rec.met else 1
 
 
+def _args_validate(p):
+    p.add_argument("--model", default="tiny-mlp",
+                   help="zoo model: mlp, cnn, encoder, or tiny-mlp, ... (default %(default)s)")
+    p.add_argument("--grid", nargs="+", default=[],
+                   help="NAME=V1,V2,... for max_batch_size, max_wait_ms, load (default "
+                   "max_batch_size=8,32 max_wait_ms=0,1 load=0.2,0.5,0.9)")
+    p.add_argument("--arrivals", choices=["poisson", "bursty"], default="poisson")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ...")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--duration-s", type=float, default=1.0, help="seconds of traffic a run")
+    p.add_argument("-n", "--n-requests", type=int, default=1000, help="at least this many")
+    p.add_argument("--seed", type=int, default=1, help="seed of the arrivals (calibration "
+                   "uses its own)")
+    p.add_argument("--repeat", action="store_true",
+                   help="run the real batcher twice: how far it is from itself")
+    p.add_argument("--calibration", help="a calibrated model JSON to use instead of calibrating")
+    p.add_argument("--save-calibration", help="write the calibrated model JSON here")
+    p.add_argument("--out", help="CSV file for the error table (one row per configuration)")
+    p.add_argument("--plot", help="PNG file: simulated against real p50 and p99")
+
+
+_GRID_DEFAULTS = {"max_batch_size": (8, 32), "max_wait_ms": (0.0, 1.0), "load": (0.2, 0.5, 0.9)}
+
+
+def _grid(entries) -> dict:
+    """``["max_batch_size=8,32", ...]`` -> ``{"max_batch_size": (8, 32), ...}`` (defaults)."""
+    grid = dict(_GRID_DEFAULTS)
+    for entry in entries:
+        name, _, values = entry.partition("=")
+        if name not in grid or not values:
+            raise ValueError(f"--grid entries must look like NAME=V1,V2 with NAME one of "
+                             f"{sorted(grid)}, got {entry!r}")
+        kind = int if name == "max_batch_size" else float
+        try:
+            grid[name] = tuple(kind(v) for v in values.split(","))
+        except ValueError:
+            raise ValueError(f"--grid {name} must be {kind.__name__}s separated by commas, "
+                             f"got {values!r}") from None
+    return grid
+
+
+def _run_validate(args) -> int:
+    import os
+
+    # Before torch loads, so that the batcher's worker threads get it too (set_num_threads
+    # below applies to this thread only).
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    import torch
+
+    from . import calibrate as cal
+    from .real.models import MODELS, make_model
+    from .service import CalibratedService, load_service
+    from .workload import Bursty, Poisson
+
+    grid = _grid(args.grid)
+    size, _, name = args.model.rpartition("-")
+    if name not in MODELS or size not in ("", "tiny"):
+        raise ValueError(f"--model must be one of {list(MODELS)}, optionally tiny-..., "
+                         f"got {args.model!r}")
+    torch.set_num_threads(args.threads)
+    model = make_model(name, device=args.device, dtype=args.dtype, size=size or "default")
+    if args.calibration:
+        service = load_service(args.calibration)
+        if not isinstance(service, CalibratedService):
+            raise ValueError(f"--calibration must hold a calibrated model, got "
+                             f"{type(service).__name__} from {args.calibration!r}")
+    else:
+        print(f"calibrating {model.zoo_name} on {args.device} ...", flush=True)
+        service = cal.calibrate(model, max(grid["max_batch_size"]), device=args.device)
+    if args.save_calibration:
+        service.save(args.save_calibration)
+    shape = Poisson(1.0) if args.arrivals == "poisson" else Bursty(4.0, 0.25, 0.02, 0.06)
+    df = cal.fidelity(model, service, workload=shape, n_requests=args.n_requests,
+                      duration_s=args.duration_s, seed=args.seed, repeat=args.repeat,
+                      device=args.device, progress=True, **grid)
+    if args.out:
+        df.to_csv(args.out, index=False)
+    if args.plot:
+        cal.plot_fidelity(df).savefig(args.plot, dpi=110)
+    shown = ["max_batch_size", "max_wait_ms", "load", "rate_rps", "real_latency_ms_p50",
+             "err_latency_ms_p50", "real_latency_ms_p99", "err_latency_ms_p99",
+             "err_latency_ms_mean", "err_throughput_rps", "err_mean_batch_size"]
+    print(df[shown].to_string(index=False, float_format="{:.3g}".format))
+    summary = cal.fidelity_summary(df)
+    print("median |relative error|: " + ", ".join(
+        f"{m.removeprefix('latency_ms_')} {summary[f'median_abs_err_{m}']:.1%}"
+        for m in ("latency_ms_p50", "latency_ms_p99", "throughput_rps")))
+    print(f"worst configuration (p99): {summary['worst']}")
+    return 0
+
+
 COMMANDS = {
     "simulate": ("simulate one policy and print its summary", _args_simulate, _run_simulate),
     "sweep": ("simulate a grid of policies and write a CSV and a plot", _args_sweep,
@@ -251,6 +343,8 @@ COMMANDS = {
                   _run_recommend),
     "profile": ("measure a zoo model's service time s(b) into a profile JSON",
                 _args_profile, _run_profile),
+    "validate": ("calibrate the simulator on a real model and measure its error over a grid",
+                 _args_validate, _run_validate),
 }
 
 

@@ -5,12 +5,15 @@ table (piecewise linear, extrapolated linearly past the largest measured size). 
 can add multiplicative lognormal jitter with mean 1 and a given coefficient of
 variation. Profiles save to and load from JSON with their provenance (device, model,
 dtype, torch version, date); measured ones ship in ``batchsim/data/profiles/``.
+``CalibratedService`` (what ``batchsim.calibrate`` returns) wraps a model's ``s(b)`` with
+the real batcher's own costs (``BatcherCosts``), which the simulation engines apply.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -134,6 +137,208 @@ class ProfileService(ServiceModel):
                 "metadata": self.metadata}
 
 
+@dataclass(frozen=True)
+class BatcherCosts:
+    """What a real batcher on an event loop adds around the model, as the simulator runs it.
+
+    With these costs the engines decide only when the loop is awake, as the real batcher
+    does: ``react_ms`` after each arrival (the callback it schedules runs once the code
+    that submitted it yields), when a worker is released, and when a timer fires. A
+    worker stays busy ``release_ms + release_per_item_ms * b`` after its batch's requests
+    finish (its results are handed back on the loop before it may take the next batch).
+    A timer due at ``T``, armed when the loop last went to sleep at ``s``, fires at
+    ``s + ceil((T - s) / timer_resolution_ms) * timer_resolution_ms +
+    timer_latency_ms``: asyncio's epoll selector rounds every sleep up to whole
+    milliseconds, counted from the moment the loop goes to sleep, and the operating
+    system wakes the thread a little later still. Each arrival while a batch runs delays
+    it by ``arrival_ms``: the loop's work for that request needs the interpreter (the
+    GIL) or the core the worker needs. A worker that sat idle before its batch is slower
+    to get going (its thread wakes from sleep, its caches are cold): the batch takes
+    ``wake_ms`` longer, a table over the idle time ``idle_ms`` (interpolated in the
+    logarithm of the idle time, flat beyond its ends). All zero: the ideal batcher.
+    """
+
+    react_ms: float = 0.0
+    release_ms: float = 0.0
+    release_per_item_ms: float = 0.0
+    timer_resolution_ms: float = 0.0
+    timer_latency_ms: float = 0.0
+    arrival_ms: float = 0.0
+    idle_ms: tuple = ()
+    wake_ms: tuple = ()
+
+    def __post_init__(self):
+        for name in self.__dataclass_fields__:
+            if name not in ("idle_ms", "wake_ms"):
+                object.__setattr__(self, name, _check.non_negative(name, getattr(self, name)))
+        idle = tuple(_check.positive("idle_ms", x) for x in np.asarray(self.idle_ms).tolist())
+        wake = tuple(_check.non_negative("wake_ms", x)
+                     for x in np.asarray(self.wake_ms, float).tolist())
+        if len(idle) != len(wake):
+            raise ValueError(f"wake_ms must have one entry per idle_ms: {len(idle)} idle "
+                             f"times, got {len(wake)}")
+        if any(b <= a for a, b in zip(idle, idle[1:], strict=False)):
+            raise ValueError(f"idle_ms must be strictly increasing, got {idle}")
+        object.__setattr__(self, "idle_ms", idle)
+        object.__setattr__(self, "wake_ms", wake)
+
+    @property
+    def react_s(self) -> float:
+        return self.react_ms / 1000.0
+
+    def release_s(self, batch_size):
+        """How long a worker stays busy after its batch of ``batch_size`` finished."""
+        return (self.release_ms + self.release_per_item_ms * np.asarray(batch_size, float)) / 1e3
+
+    def wake_s(self, idle_s: float) -> float:
+        """Extra time of a batch whose worker sat idle ``idle_s`` before it (``wake_ms``)."""
+        idle, wake = self.idle_ms, self.wake_ms
+        if not idle:
+            return 0.0
+        x = idle_s * 1000.0
+        if x <= idle[0]:
+            return wake[0] / 1000.0
+        if x >= idle[-1]:
+            return wake[-1] / 1000.0
+        i = bisect_right(idle, x)
+        f = math.log(x / idle[i - 1]) / math.log(idle[i] / idle[i - 1])
+        return (wake[i - 1] + f * (wake[i] - wake[i - 1])) / 1000.0
+
+    def end_s(self, start_s: float, service_s: float, arrival_s: list,
+              idle_s: float = math.inf) -> float:
+        """When a batch that needs ``service_s`` from ``start_s`` ends: slower by
+        ``wake_s(idle_s)`` after ``idle_s`` of idleness, delayed by the arrivals (sorted
+        ``arrival_s``) strictly between its start and its end."""
+        service_s = service_s + self.wake_s(idle_s)
+        end_s = start_s + service_s
+        if self.arrival_ms == 0:
+            return end_s
+        first, during = bisect_right(arrival_s, start_s), 0
+        while (now_during := bisect_left(arrival_s, end_s, first) - first) != during:
+            during = now_during
+            end_s = start_s + service_s + self.arrival_ms / 1000.0 * during
+        return end_s
+
+    def timer_fire_s(self, armed_s: float, due_s: float) -> float:
+        """When a timer due at ``due_s``, armed as the loop slept at ``armed_s``, fires."""
+        if math.isinf(due_s):
+            return math.inf
+        g = self.timer_resolution_ms / 1000.0
+        fire_s = max(armed_s + g * math.ceil((due_s - armed_s) / g), due_s) if g > 0 else due_s
+        return fire_s + self.timer_latency_ms / 1000.0
+
+    def to_dict(self) -> dict:
+        return {name: (list(v) if isinstance(v := getattr(self, name), tuple) else v)
+                for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True, eq=False)
+class CalibratedService(ServiceModel):
+    """A model's own ``s(b)`` plus what a real batcher adds: what ``calibrate`` returns.
+
+    A typical batch of ``b`` keeps its worker ``model.mean_ms(b) + per_batch_ms +
+    per_item_ms * b`` (handing the batch to the worker thread, stacking the inputs,
+    splitting the outputs); a batch's actual time is that times a ratio drawn from the
+    measured spread: ``jitter_quantiles`` are quantiles of the measured ratio (time /
+    typical time) at evenly spaced probabilities from 0 to 1 (empty: no spread). The
+    mean time ``mean_ms(b)`` is the typical time times the mean ratio (above 1 when the
+    slow batches outweigh the fast ones); the jitter factors are the ratios over it.
+    ``costs`` are the event loop's own delays (``BatcherCosts``), applied by both
+    simulation engines.
+    """
+
+    model: ServiceModel
+    per_batch_ms: float = 0.0
+    per_item_ms: float = 0.0
+    jitter_quantiles: tuple = ()
+    costs: BatcherCosts = field(default_factory=BatcherCosts)
+    metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not isinstance(self.model, ServiceModel):
+            raise ValueError(f"model must be a service model, got {self.model!r}")
+        if not isinstance(self.costs, BatcherCosts):
+            raise ValueError(f"costs must be BatcherCosts, got {self.costs!r}")
+        object.__setattr__(self, "per_batch_ms", _check.non_negative("per_batch_ms",
+                                                                     self.per_batch_ms))
+        object.__setattr__(self, "per_item_ms", _check.non_negative("per_item_ms",
+                                                                    self.per_item_ms))
+        q = np.asarray(self.jitter_quantiles, float)
+        if q.size and (q.size < 2 or not np.all(np.isfinite(q)) or q[0] <= 0
+                       or np.any(np.diff(q) < 0)):
+            raise ValueError(f"jitter_quantiles must be at least two positive, finite, "
+                             f"non-decreasing numbers, got {self.jitter_quantiles!r}")
+        object.__setattr__(self, "jitter_quantiles", tuple(q.tolist()))
+        object.__setattr__(self, "metadata", dict(self.metadata))
+
+    def __eq__(self, other):
+        return isinstance(other, CalibratedService) and self.to_dict() == other.to_dict()
+
+    def __hash__(self):
+        return hash((self.per_batch_ms, self.per_item_ms, self.jitter_quantiles, self.costs))
+
+    @property
+    def jitter_mean(self) -> float:
+        """Mean of the measured ratio (1 without a spread)."""
+        q = np.asarray(self.jitter_quantiles)
+        return _quantile_moment(q, 1) if q.size else 1.0
+
+    @property
+    def jitter_cv(self) -> float:
+        """Coefficient of variation of the measured ratio (a piecewise-linear quantile
+        function through ``jitter_quantiles``)."""
+        q = np.asarray(self.jitter_quantiles)
+        if not q.size:
+            return 0.0
+        return float(math.sqrt(max(_quantile_moment(q, 2) / self.jitter_mean**2 - 1.0, 0.0)))
+
+    def mean_ms(self, batch_size):
+        b = np.asarray(batch_size, dtype=float)
+        typical_ms = self.model.mean_ms(b) + self.per_batch_ms + self.per_item_ms * b
+        return self.jitter_mean * typical_ms
+
+    def jitter_factors(self, rng: np.random.Generator, n: int) -> np.ndarray | None:
+        """``n`` factors of mean 1 drawn from the measured spread (inverse CDF), ``None``
+        without one."""
+        q = np.asarray(self.jitter_quantiles)
+        if not q.size:
+            return None
+        return np.interp(rng.random(n), np.linspace(0.0, 1.0, q.size), q / self.jitter_mean)
+
+    def capacity_rps(self, max_batch_size: int, workers: int = 1) -> float:
+        """Saturation throughput of full batches, the batcher's costs included.
+
+        A worker's cycle ``C`` is its batch's time ``S`` plus the release ``r``; at
+        saturation ``b`` requests arrive per cycle (``workers`` cycles share them), and
+        those arriving during the batch stretch it by ``arrival`` each:
+        ``S = s(b) + arrival * (workers * b / C) * S``. Solved for ``C``.
+        """
+        b = _check.positive_int("max_batch_size", max_batch_size)
+        w = _check.positive_int("workers", workers)
+        r = float(self.costs.release_s(b))
+        s = float(self.mean_s(b)) + self.costs.wake_s(r)     # back to back: idle r
+        c = self.costs.arrival_ms / 1000.0 * w * b       # stretch per unit of 1/C
+        # C**2 - (s + r + c) C + r c = 0, the larger root (C > c).
+        cycle_s = 0.5 * (s + r + c + math.sqrt((s + r + c) ** 2 - 4 * r * c))
+        return w * b / cycle_s
+
+    def to_dict(self) -> dict:
+        return {"kind": "calibrated", "model": self.model.to_dict(),
+                "per_batch_ms": self.per_batch_ms, "per_item_ms": self.per_item_ms,
+                "jitter_quantiles": list(self.jitter_quantiles),
+                "costs": self.costs.to_dict(), "metadata": self.metadata}
+
+
+def _quantile_moment(q: np.ndarray, power: int) -> float:
+    """``E[X]`` (power 1) or ``E[X**2]`` (power 2) of a variable whose quantile function is
+    piecewise linear through ``q`` at evenly spaced probabilities (exact, segment by
+    segment: a segment from ``x`` to ``y`` is uniform on it)."""
+    x, y = q[:-1], q[1:]
+    if power == 1:
+        return float(np.mean((x + y) / 2))
+    return float(np.mean((x * x + x * y + y * y) / 3))
+
+
 def service_from_dict(d: dict) -> ServiceModel:
     """Rebuild a service model from ``to_dict()`` output."""
     kind = d.get("kind")
@@ -142,7 +347,11 @@ def service_from_dict(d: dict) -> ServiceModel:
     if kind == "profile":
         return ProfileService(d["batch_sizes"], d["times_ms"], d.get("jitter_cv", 0.0),
                               d.get("metadata", {}))
-    raise ValueError(f"kind must be 'affine' or 'profile', got {kind!r}")
+    if kind == "calibrated":
+        return CalibratedService(service_from_dict(d["model"]), d["per_batch_ms"],
+                                 d["per_item_ms"], tuple(d["jitter_quantiles"]),
+                                 BatcherCosts(**d["costs"]), d.get("metadata", {}))
+    raise ValueError(f"kind must be 'affine', 'profile' or 'calibrated', got {kind!r}")
 
 
 def load_service(path) -> ServiceModel:

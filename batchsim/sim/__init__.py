@@ -54,19 +54,20 @@ def simulate(workload: Workload, policy: BatchPolicy, service: ServiceModel,
     arrival_s = np.ascontiguousarray(workload.arrivals_s(n_requests, arrival_rng), dtype=float)
     batch_time_s = np.asarray(service.mean_s(np.arange(policy.max_batch_size + 1)), float)
     jitter = service.jitter_factors(service_rng, arrival_s.size)
+    costs = getattr(service, "costs", None)   # a calibrated batcher's own delays
 
     res = None
     if engine != "simpy":
         from . import fast
 
         try:
-            res = fast.run(arrival_s, policy, batch_time_s, jitter, workers)
+            res = fast.run(arrival_s, policy, batch_time_s, jitter, workers, costs)
         except NotImplementedError:
             if engine == "fast":
                 raise
     if res is None:
         from . import des
 
-        res = des.run(arrival_s, policy, batch_time_s, jitter, workers)
+        res = des.run(arrival_s, policy, batch_time_s, jitter, workers, costs)
     res.meta.update(workload=repr(workload), policy=policy, service=service, seed=seed)
     return res

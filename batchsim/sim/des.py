@@ -11,6 +11,11 @@ SimPy's ``Timeout`` adds a delay to ``now``, which can miss an absolute instant 
 rounding step (``now + (t - now) != t`` in floating point). The engine needs instants
 that are exactly ``arrival + max_wait`` or ``dispatch + s(b)``, as the fast engine
 computes them, so it schedules events at absolute times (``_At``).
+
+With ``costs`` (a ``BatcherCosts``: the real batcher's own delays) decisions happen only
+when the batcher's event loop is awake: ``react`` after every arrival, when a worker is
+released (``release`` after its batch finished) and when the loop's timer fires; the
+timer is re-armed at every wake-up (``costs.timer_fire_s``).
 """
 
 from __future__ import annotations
@@ -48,32 +53,39 @@ class _At(simpy.Event):
 
 
 def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarray,
-        jitter: np.ndarray | None, workers: int) -> RunResult:
+        jitter: np.ndarray | None, workers: int, costs=None) -> RunResult:
     """Simulate the rule on the given arrivals.
 
     ``batch_time_s[b]`` is the mean service time of a batch of ``b``; the k-th batch
     dispatched takes ``batch_time_s[b] * jitter[k]`` (``jitter`` None: no jitter).
+    ``costs``: the batcher's own delays (``service.BatcherCosts``), None for none.
     """
     env = _Env()
     rec = RunRecorder(arrival_s, workers)
     queue: deque[int] = deque()          # indices of waiting requests, oldest first
     free = list(range(workers))          # heap of free worker numbers
     last_arrival_s = float(arrival_s[-1])
-    state = {"closed": False, "deciding": False, "timer_s": math.nan}
+    state = {"closed": False, "deciding": False, "timer_s": math.nan, "armed": 0}
     max_b = policy.max_batch_size
+    release_s = None if costs is None else costs.release_s(np.arange(max_b + 1)).tolist()
+    arrivals_list = arrival_s.tolist()
+    free_since = [-math.inf] * workers   # when each worker was last released
 
     def arrivals():
         for i, t in enumerate(arrival_s.tolist()):
             yield _At(env, t)
+            if costs is not None:   # every arrival wakes the batcher's loop, a moment later
+                _At(env, t + costs.react_s).callbacks.append(ask_for_decision)
             if rule.rejects(policy, len(queue)):
                 rec.reject(i)
                 continue
             queue.append(i)
             # Only a first waiter (start its clock) or a full queue can change the decision.
-            if free and (len(queue) == 1 or len(queue) >= max_b):
+            if costs is None and free and (len(queue) == 1 or len(queue) >= max_b):
                 ask_for_decision()
         state["closed"] = True
-        ask_for_decision()
+        if costs is None:
+            ask_for_decision()
 
     def ask_for_decision(_event=None):
         if not state["deciding"]:
@@ -83,6 +95,7 @@ def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarra
     def decide(_event):
         state["deciding"] = False
         now = env.now
+        state["armed"] += 1   # the loop is awake: a timer armed before no longer counts
         while free and queue:
             n_waiting = len(queue)
             oldest_s = arrival_s[queue[0]]
@@ -91,7 +104,9 @@ def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarra
                 full_arrival_s=arrival_s[queue[max_b - 1]] if n_waiting >= max_b else math.inf,
                 close_s=last_arrival_s if state["closed"] else math.inf)
             if t > now:
-                if t != state["timer_s"]:
+                if costs is not None:
+                    arm(costs.timer_fire_s(now, t))
+                elif t != state["timer_s"]:
                     state["timer_s"] = t
                     _At(env, t).callbacks.append(ask_for_decision)
                 return
@@ -106,11 +121,22 @@ def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarra
             ids = [queue.popleft() for _ in range(rule.batch_size(policy, len(queue)))]
             worker = heapq.heappop(free)
             k = rec.n_batches
-            end_s = now + batch_time_s[len(ids)] * (1.0 if jitter is None else jitter[k])
+            service_s = batch_time_s[len(ids)] * (1.0 if jitter is None else jitter[k])
+            end_s = (now + service_s if costs is None else
+                     costs.end_s(now, service_s, arrivals_list, now - free_since[worker]))
             rec.dispatch(ids, now, end_s, worker, why)
-            _At(env, end_s).callbacks.append(lambda _e, w=worker: release(w))
+            free_s = end_s if costs is None else end_s + release_s[len(ids)]
+            _At(env, free_s).callbacks.append(lambda _e, w=worker: release(w))
+
+    def arm(fire_s):
+        """Wake the loop at ``fire_s`` unless it wakes for something else first."""
+        if math.isfinite(fire_s):
+            token = state["armed"]
+            _At(env, fire_s).callbacks.append(
+                lambda _e: token == state["armed"] and ask_for_decision())
 
     def release(worker):
+        free_since[worker] = env.now
         heapq.heappush(free, worker)
         ask_for_decision()
 

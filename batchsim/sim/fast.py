@@ -20,6 +20,9 @@ of ``batchsim.policy``.
 Ties follow the SimPy engine: at one instant, arrivals are taken in (and checked for
 rejection) before a batch is formed, so an arrival at the very instant of a dispatch
 joins it; a worker whose batch ends at that instant is free for it.
+
+With the real batcher's own costs (``BatcherCosts``) a batch leaves at the first instant
+the batcher's event loop is awake at or after the rule's instant: ``_awake_loop``.
 """
 
 from __future__ import annotations
@@ -38,13 +41,20 @@ _SERVED_KEPT = 65536
 
 
 def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarray,
-        jitter: np.ndarray | None, workers: int) -> RunResult:
+        jitter: np.ndarray | None, workers: int, costs=None) -> RunResult:
     """Simulate the rule on the given arrivals (same contract as ``des.run``).
 
     Raises NotImplementedError when a batch's service time vanishes next to its start
     time in floating point (``start + s == start``): the SimPy engine then orders the
-    worker's release after the decision of that instant, which this engine does not model.
+    worker's release after the decision of that instant, which this engine does not model;
+    and with ``costs`` for several workers, ``max_queue_size`` or ``timeout_ms``.
     """
+    if costs is not None:
+        log, end_s = _awake_loop(arrival_s, policy, batch_time_s, jitter, workers, costs)
+        res = _assemble(arrival_s, policy, batch_time_s, jitter, workers, log)
+        res.end_s = np.asarray(end_s)        # arrivals during a batch may have delayed it
+        res.finish_s = np.where(res.batch_id >= 0, res.end_s[res.batch_id], np.nan)
+        return res
     loop = _Loop(arrival_s, policy, batch_time_s, jitter, workers)
     head = 0
     while head < arrival_s.size:
@@ -232,6 +242,49 @@ class _Loop:
                                                                    now_s))
         self.expired.append((h - offset, fresh - offset, now_s))
         return fresh
+
+
+def _awake_loop(arrival_s, policy, batch_time_s, jitter, workers, costs):
+    """The batches when decisions wait for the batcher's event loop to be awake: the log
+    and the batches' end times (``costs.end_s``: arrivals during a batch delay it).
+
+    The loop wakes ``react`` after every arrival, when the worker is released
+    (``release`` after its batch ends) and when its timer fires. The batch headed by
+    ``h`` is due at the rule's instant ``due`` (the worker free, a trigger met) and
+    leaves at the first wake-up at or after it: the first arrival's wake-up, the release
+    itself if that comes last, or the timer armed at the last wake-up before ``due`` --
+    if the head was waiting then -- whichever is first. One worker, nobody turned away.
+    """
+    if workers > 1 or policy.max_queue_size is not None or policy.timeout_ms is not None:
+        raise NotImplementedError("the fast engine applies batcher costs to one worker without "
+                                  "max_queue_size or timeout_ms; use engine='simpy'")
+    log = _Loop(arrival_s, policy, batch_time_s, jitter, workers)
+    a, max_b = arrival_s.tolist(), policy.max_batch_size
+    n = len(a)
+    trigger_s = log.trigger_s()
+    wake = (arrival_s + costs.react_s).tolist()
+    release = costs.release_s(np.arange(max_b + 1)).tolist()
+    bt, jit = batch_time_s.tolist(), None if jitter is None else jitter.tolist()
+    free_s, h, k, ends = -math.inf, 0, 0, []
+    while h < n:
+        due_s = trigger_s[h]
+        if free_s >= due_s:
+            t = free_s
+        else:
+            j = bisect_left(wake, due_s)     # < n: the last arrival's wake-up closes
+            t = wake[j]
+            armed_s = max(free_s, wake[j - 1]) if j else free_s
+            if armed_s >= a[h]:
+                t = min(t, costs.timer_fire_s(armed_s,
+                                              rule.dispatch_time_s(policy, armed_s, a[h])))
+        end = bisect_right(a, t, h, min(h + max_b, n))
+        service_s = bt[end - h] if jit is None else bt[end - h] * jit[k]
+        ends.append(costs.end_s(t, service_s, a, t - free_s))
+        free_s = ends[-1] + release[end - h]
+        log.start_s.append(t)
+        log.head.append(h)
+        h, k = end, k + 1
+    return log, ends
 
 
 def _admitted(policy, waiting: int, arriving: int) -> int:

@@ -1,0 +1,568 @@
+"""Sim-to-real: calibrate the simulator on a real batcher, then measure how well it predicts.
+
+``calibrate(model)`` measures what the simulator needs to predict ``DynamicBatcher``
+serving ``model`` and returns a ``CalibratedService`` that ``simulate`` accepts:
+
+* the model's own ``s(b)`` (``profile_model``: median of timed batches per size);
+* from open-loop runs of the real batcher (Poisson at 2% to 40% of its saturated
+  throughput, under a policy that waits for batches to fill and a greedy one), batch by
+  batch: the worker's cost around the model per batch and per request, the slower start
+  of a worker that sat idle (a table over the idle time), the delay each arrival during
+  a batch causes it (the event loop's work for it needs the GIL), the spread of it all;
+  the release (from a batch's end to its worker taking the next, which was already
+  due); the reaction (from an arrival to the batch it starts on an idle worker);
+* the timer: when asyncio wakes for a timer (``loop.call_later``), fitted to
+  ``armed + ceil((due - armed) / resolution) * resolution + latency``.
+
+The batcher's costs are a ``BatcherCosts`` that both simulation engines apply.
+``compare(real, sim)`` puts two runs over the same arrivals side by side (percentiles,
+mean, throughput, mean batch size and their relative errors, and the error of every
+request); ``run_pair`` runs the real batcher and the simulator on the same arrivals;
+``fidelity`` does that over a grid and ``fidelity_summary`` reduces it to the headline
+errors; ``plot_fidelity`` draws them. Importing this module is light; torch loads when
+something real runs.
+
+The module is callable: ``batchsim.calibrate(model)`` is ``batchsim.calibrate.calibrate``
+(the package attribute and the module share the name).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import math
+import sys
+import time
+import types
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+
+from . import _check
+from .policy import BatchPolicy
+from .result import COMPLETED, RunResult
+from .service import BatcherCosts, CalibratedService, ServiceModel
+from .workload import Poisson, Trace, Workload
+
+#: Quantiles of the measured worker-time ratio kept in a calibrated model.
+N_QUANTILES = 201
+#: Summary columns compared between a real run and a simulated one.
+METRICS = ("latency_ms_p50", "latency_ms_p95", "latency_ms_p99", "latency_ms_mean",
+           "throughput_rps", "mean_batch_size")
+
+
+# -- calibration ----------------------------------------------------------------------
+
+
+def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_sizes=None,
+              n_requests: int = 1200, duration_s: float = 0.5, repeats: int = 30,
+              timer_probes: int = 300, device=None, input_spec=None,
+              seed: int = 0) -> CalibratedService:
+    """Measure ``model_or_batcher`` and its batcher; a ``CalibratedService`` for ``simulate``.
+
+    ``model_or_batcher``: a model (a callable on a batched tensor with an ``input_spec``
+    attribute, or give ``input_spec``) or a ``DynamicBatcher`` whose model, device, input
+    spec and max_batch_size are used (it is not started: calibration serves the model
+    with batchers of its own, one worker). ``batch_sizes``: where the model alone is
+    timed, ``repeats`` times each (default: powers of two up to ``max_batch_size``, and
+    it). The batcher is measured on eight open-loop runs, Poisson at 2%, 10%, 25% and 40%
+    of its saturated throughput, each under a policy that waits for batches to fill and a
+    greedy one: ``n_requests`` in all, or more, ``duration_s`` of traffic per run.
+    ``timer_probes`` asyncio timers give the timer model. ``seed`` fixes the calibration's
+    arrivals (validate on other seeds). ``metadata`` keeps what was measured.
+    """
+    from .real import DynamicBatcher, profile_model
+
+    if isinstance(model_or_batcher, DynamicBatcher):
+        model = model_or_batcher.model_fn
+        device = model_or_batcher.device if device is None else device
+        input_spec = model_or_batcher.input_spec if input_spec is None else input_spec
+        if max_batch_size is None:
+            max_batch_size = model_or_batcher.max_batch_size
+    else:
+        model = model_or_batcher
+    if not callable(model):
+        raise ValueError(f"model_or_batcher must be a model or a DynamicBatcher, "
+                         f"got {model_or_batcher!r}")
+    max_b = _check.positive_int("max_batch_size", 32 if max_batch_size is None
+                                else max_batch_size)
+    sizes = (sorted({_check.positive_int("batch_sizes", b) for b in batch_sizes})
+             if batch_sizes is not None else _default_sizes(max_b))
+    if not sizes:
+        raise ValueError(f"batch_sizes must not be empty, got {batch_sizes!r}")
+    n = _check.positive_int("n_requests", n_requests)
+    if n < 200:
+        raise ValueError(f"n_requests must be at least 200, got {n_requests!r}")
+    duration_s = _check.non_negative("duration_s", duration_s)
+    spec = input_spec if input_spec is not None else getattr(model, "input_spec", None)
+
+    profile = profile_model(model, sizes, device=device, repeats=repeats, input_spec=spec,
+                            overhead=False)
+    runs = _calibration_runs(model, max_b, n, duration_s, device, spec, seed)
+    release_fixed_ms, release_item_ms = _nonnegative_fit(*_releases(runs))
+    release = BatcherCosts(release_ms=release_fixed_ms, release_per_item_ms=release_item_ms)
+    worker = _worker_fit(runs, profile, release)
+    resolution_ms, latency_ms, timer_fit = _timer(_check.positive_int(
+        "timer_probes", timer_probes), seed)
+    costs = BatcherCosts(_react_ms(runs, release), release_fixed_ms, release_item_ms,
+                         resolution_ms, latency_ms, worker["arrival_ms"],
+                         worker["idle_ms"], worker["wake_ms"])
+    metadata = {
+        "model": getattr(model, "zoo_name", None) or getattr(model, "__name__",
+                                                             type(model).__name__),
+        "device": profile.metadata.get("device"),
+        "dtype": profile.metadata.get("dtype"), "torch": profile.metadata.get("torch"),
+        "cpu_threads": profile.metadata.get("cpu_threads"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "batches": worker["batches"], "stalled_batches": worker["stalled_batches"],
+        "stall_ms_per_s": worker["stall_ms_per_s"], "n_requests": n, "seed": seed,
+        "calibration_policies": [str(r.meta["policy"]) for r in runs],
+        "saturated_rps": runs[0].meta["saturated_rps"], "timer_fit": timer_fit,
+    }
+    return CalibratedService(profile, worker["per_batch_ms"], worker["per_item_ms"],
+                             worker["jitter_quantiles"], costs, metadata)
+
+
+#: Rates of the calibration runs, as fractions of the batcher's saturated throughput.
+CALIBRATION_LOADS = (0.02, 0.1, 0.25, 0.4)
+#: A batch this much (ms) slower than predicted was stalled by the machine (descheduled
+#: for a Linux time slice of a few ms, or paused by a garbage collection).
+STALL_MS = 1.0
+#: Edges (ms) of the bins of worker idle time in the calibration's regression.
+IDLE_EDGES_MS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, math.inf)
+
+
+def _worker_fit(runs, profile, release: BatcherCosts, min_batches: int = 10) -> dict:
+    """The worker's time beyond the model's ``s(b)``, by regression over the batches.
+
+    ``worker - s(b) = wake(idle) + per_item * b + arrival * (arrivals during it)``, with
+    ``wake`` one level per bin of idle time (bins with fewer than ``min_batches`` merged
+    into a neighbour); the least idle level is the fixed cost per batch, the others'
+    excess over it the wake-up table. The spread: each batch's time over its prediction.
+    """
+    b, y, during, idle = [], [], [], []
+    for res in runs:
+        keep = slice(2, None)     # the first batches warm the worker up
+        free_s = np.r_[-np.inf, res.end_s[:-1] + release.release_s(res.size[:-1])]
+        b.append(res.size[keep])
+        y.append(1e3 * (res.end_s - res.start_s)[keep])
+        during.append(_arrivals_during(res)[keep])
+        idle.append(1e3 * np.maximum(res.start_s - free_s, 0.0)[keep])
+    b, worker_ms, during, idle = (np.concatenate(v) for v in (b, y, during, idle))
+    y = worker_ms - profile.mean_ms(b)
+    bins = np.digitize(idle, IDLE_EDGES_MS[1:-1])
+    levels = np.unique(bins).tolist()
+    for k in list(levels):      # a sparse bin joins the next one up (the last, the one below)
+        if (bins == k).sum() < min_batches and len(levels) > 1:
+            i = levels.index(k)
+            bins[bins == k] = levels[i + 1] if i + 1 < len(levels) else levels[i - 1]
+            levels.remove(k)
+    indicators = (bins[:, None] == np.array(levels)[None, :]).astype(float)
+    coef = _nonnegative_fit(np.column_stack([b, during]), y, intercepts=indicators,
+                            groups=bins)
+    wake, per_item_ms, arrival_ms = np.array(coef[:len(levels)]), coef[-2], coef[-1]
+    # Each level stands at the median idle time of its batches (at least a nanosecond).
+    at_ms = [max(float(np.median(idle[bins == k])), 1e-6) for k in levels]
+    per_batch_ms = float(wake[0])
+    idle_ms, wake_ms = [], []
+    for t, w in zip(at_ms, wake - per_batch_ms, strict=True):
+        if not idle_ms or t > idle_ms[-1]:
+            idle_ms.append(t)
+            wake_ms.append(max(float(w), 0.0))
+    table = BatcherCosts(idle_ms=tuple(idle_ms), wake_ms=tuple(wake_ms))
+    predicted = (profile.mean_ms(b) + per_batch_ms + per_item_ms * b + arrival_ms * during
+                 + 1e3 * np.array([table.wake_s(t / 1e3) for t in idle]))
+    # The spread is the batcher's own. A batch that took over STALL_MS longer than
+    # predicted (and beyond four median deviations) was stalled by the machine: a
+    # neighbour took the core, the interpreter collected garbage. Such stalls come at
+    # their own times, not per batch: they are reported, not drawn for every batch.
+    resid = worker_ms - predicted
+    stalled = ~_within(resid, bins) & (resid > STALL_MS)
+    inside = ~stalled
+    span_s = sum(float(r.end_s[-1] - r.start_s[0]) for r in runs)
+    return {"per_batch_ms": per_batch_ms, "per_item_ms": per_item_ms,
+            "arrival_ms": arrival_ms, "idle_ms": tuple(idle_ms), "wake_ms": tuple(wake_ms),
+            "jitter_quantiles": tuple(np.quantile(worker_ms[inside] / predicted[inside],
+                                                  np.linspace(0, 1, N_QUANTILES))),
+            "batches": int(b.size), "stalled_batches": int(stalled.sum()),
+            "stall_ms_per_s": float(resid[stalled].sum() / span_s)}
+
+
+def _within(resid: np.ndarray, groups=None, mads: float = 4.0) -> np.ndarray:
+    """Points within ``mads`` median absolute deviations of the median residual of their
+    group (``groups``: a label per point; the spread differs, say, with idle time)."""
+    groups = np.zeros(resid.size, int) if groups is None else np.asarray(groups)
+    inside = np.zeros(resid.size, bool)
+    for g in np.unique(groups):
+        mine = groups == g
+        dev = np.abs(resid[mine] - np.median(resid[mine]))
+        inside[mine] = dev <= mads * np.median(dev) + 1e-12
+    return inside
+
+
+def _default_sizes(max_b: int) -> list[int]:
+    return sorted({2**k for k in range(max_b.bit_length()) if 2**k <= max_b} | {max_b})
+
+
+def _calibration_runs(model, max_b, n, duration_s, device, spec, seed) -> list[RunResult]:
+    """The calibration runs: Poisson at ``CALIBRATION_LOADS`` of the saturated throughput,
+    from a mostly idle worker (it wakes cold) to a busy one.
+
+    At each rate one batcher waits up to four saturated batch cycles for a batch to fill
+    (batch sizes and the arrivals during a batch vary apart) and one is greedy (its
+    decisions are woken by arrivals); ``n`` requests in all, or ``duration_s`` of
+    traffic per run if that is more.
+    """
+    from .real import DynamicBatcher, run_load, run_saturated
+
+    def batcher(policy):
+        return DynamicBatcher(model, policy, device=device, input_spec=spec)
+
+    inputs = None if spec is None else spec.random(max_b)
+    sat = run_saturated(batcher(BatchPolicy(max_b, math.inf)), 20 * max_b, inputs=inputs)
+    cap_rps = sat.summary()["throughput_rps"]
+    cycle_ms = 1e3 * max_b / cap_rps
+    policies = (BatchPolicy(max_b, round(4 * cycle_ms, 3)), BatchPolicy(max_b, 0.0))
+    configs = list(itertools.product(CALIBRATION_LOADS, policies))
+    runs = []
+    for k, (load, policy) in enumerate(configs):
+        count = max(n // len(configs), round(load * cap_rps * duration_s))
+        res = run_load(batcher(policy), Poisson(load * cap_rps), n_requests=count,
+                       seed=seed + k, inputs=inputs)
+        res.meta["saturated_rps"] = cap_rps
+        runs.append(res)
+    return runs
+
+
+def _arrivals_during(res: RunResult) -> np.ndarray:
+    """Per batch, the arrivals strictly between its start and its end."""
+    a = res.arrival_s
+    return np.searchsorted(a, res.end_s, "left") - np.searchsorted(a, res.start_s, "right")
+
+
+def _releases(runs) -> tuple[np.ndarray, np.ndarray]:
+    """Batch sizes and the gaps (ms) from a batch's end to the next batch's start, for the
+    batches whose successor was due when they ended (its head waiting, a trigger met)."""
+    sizes, gaps = [], []
+    for res in runs:
+        due_s = _due_s(res)
+        back_to_back = due_s[1:] <= res.end_s[:-1]
+        sizes.append(res.size[:-1][back_to_back])
+        gaps.append(1e3 * (res.start_s[1:] - res.end_s[:-1])[back_to_back])
+    return np.concatenate(sizes)[:, None], np.concatenate(gaps)
+
+
+def _due_s(res: RunResult) -> np.ndarray:
+    """Per batch, the rule's instant with a free worker: its head's trigger (by the
+    recorded arrivals: the queue full, the head's max_wait over, or the stream closed)."""
+    from .policy import dispatch_time_s
+
+    a, policy = res.arrival_s, res.meta["policy"]
+    heads = _heads(res)
+    last = heads + policy.max_batch_size - 1
+    full_s = np.where(last < a.size, a[np.minimum(last, a.size - 1)], np.inf)
+    return dispatch_time_s(policy, -np.inf, a[heads], full_s, np.full(heads.size, a[-1]))
+
+
+def _heads(res: RunResult) -> np.ndarray:
+    """Index of the first request of each batch (requests of a batch are consecutive)."""
+    served = np.flatnonzero(res.batch_id >= 0)
+    ids = res.batch_id[served]
+    first = np.r_[True, ids[1:] != ids[:-1]]
+    return served[first]
+
+
+def _react_ms(runs, release: BatcherCosts) -> float:
+    """Median delay from the arrival that made a batch due to its start, over batches
+    whose worker was idle by then (the arrival itself woke the decision)."""
+    delays = []
+    for res in runs:
+        a, heads, due_s = res.arrival_s, _heads(res), _due_s(res)
+        free_s = np.r_[-np.inf, res.end_s[:-1] + release.release_s(res.size[:-1])]
+        by_arrival = np.isin(due_s, a) & (free_s < due_s) & (heads > 0)
+        delays.append(1e3 * (res.start_s - due_s)[by_arrival])
+    delays = np.concatenate(delays)
+    if not delays.size:
+        raise RuntimeError("no batch in the calibration runs was started by an arrival on "
+                           "an idle worker: cannot measure the reaction delay")
+    return max(float(np.median(delays)), 0.0)
+
+
+def _nonnegative_fit(x, y, intercepts=None, groups=None) -> tuple[float, ...]:
+    """Non-negative coefficients of ``y ~ intercepts @ c0 + x @ c1`` (``intercepts``: one
+    column of ones by default): least absolute deviations (robust to the batches a busy
+    machine stalled), then least squares on the points within four median deviations of
+    that fit, in their ``groups`` (the mean is what queues feel). A coefficient of ``x``
+    that comes out negative is dropped and the fit redone (a cost is never negative);
+    intercepts are clipped at 0.
+    """
+    x, y = np.atleast_2d(np.asarray(x, float).T).T, np.asarray(y, float)
+    ones = np.ones((len(y), 1)) if intercepts is None else np.asarray(intercepts, float)
+    keep = np.ones(x.shape[1], bool)
+    while True:
+        design = np.column_stack([ones, x[:, keep]])
+        coef = np.linalg.lstsq(design, y, rcond=None)[0]
+        for _ in range(50):   # least absolute deviations by reweighted least squares
+            w = 1.0 / np.sqrt(np.maximum(np.abs(y - design @ coef), 1e-9))
+            coef = np.linalg.lstsq(design * w[:, None], y * w, rcond=None)[0]
+        inside = _within(y - design @ coef, groups)
+        coef = np.linalg.lstsq(design[inside], y[inside], rcond=None)[0]
+        slopes = coef[ones.shape[1]:]
+        if (slopes >= 0).all():
+            out = np.zeros(ones.shape[1] + x.shape[1])
+            out[:ones.shape[1]] = np.maximum(coef[:ones.shape[1]], 0.0)
+            out[ones.shape[1] + np.flatnonzero(keep)] = slopes
+            return tuple(float(c) for c in out)
+        keep[np.flatnonzero(keep)[np.argmin(slopes)]] = False
+
+
+def timer_lateness_ms(n: int = 300, seed: int = 0, max_delay_ms: float = 3.0) -> np.ndarray:
+    """``(n, 2)``: asyncio timers of random delays (ms) and how late each fired (ms).
+
+    Each timer is armed right after the previous one fired, on a loop with nothing else
+    to do, as ``DynamicBatcher`` arms its max_wait timer.
+    """
+    delays_ms = np.random.default_rng(seed).uniform(0.05, max_delay_ms, n)
+
+    async def probe():
+        loop = asyncio.get_running_loop()
+        late = np.empty(n)
+        for i, d_ms in enumerate(delays_ms):
+            fired = loop.create_future()
+            t0 = time.perf_counter()
+            loop.call_later(d_ms / 1e3, lambda f=fired: f.set_result(time.perf_counter()))
+            late[i] = 1e3 * (await fired - t0) - d_ms
+        return late
+
+    return np.column_stack([delays_ms, _run_async(probe)])
+
+
+def _timer(n: int, seed: int) -> tuple[float, float, dict]:
+    """Fit the timer model to probes: ``(resolution_ms, latency_ms, record)``.
+
+    For each candidate resolution ``g`` the residual lateness (measured minus the rounding
+    ``ceil(d / g) * g - d``) should be a constant latency: the resolution whose residuals
+    spread least (mean absolute deviation from their median) among those that do not
+    predict timers later than they fired, and that median as the latency.
+    """
+    probes = timer_lateness_ms(n, seed)
+    d_ms, late_ms = probes[:, 0], probes[:, 1]
+    best = (math.inf, 0.0, float(np.median(late_ms)))
+    for g in np.round(np.arange(0.0, 4.0001, 0.01), 10):
+        rounding = np.ceil(d_ms / g) * g - d_ms if g > 0 else 0.0
+        resid = late_ms - rounding
+        if np.quantile(resid, 0.05) < -0.02:
+            continue
+        mid = float(np.median(resid))
+        spread = float(np.mean(np.abs(resid - mid)))
+        if spread < best[0] - 1e-6:
+            best = (spread, float(g), mid)
+    spread, g, latency = best
+    return g, max(latency, 0.0), {"n": n, "lateness_ms_median": float(np.median(late_ms)),
+                                  "residual_mad_ms": spread}
+
+
+def _run_async(coro_fn):
+    """Run ``coro_fn()`` to completion, on a helper thread if a loop runs here (Jupyter)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro_fn())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro_fn()).result()
+
+
+# -- comparison -----------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Comparison:
+    """A real run and a simulated one over the same arrivals, side by side.
+
+    ``table``: one row per metric (``METRICS``) with ``real``, ``sim`` and ``rel_error``
+    (``sim / real - 1``). ``error_ms``: per request, simulated minus real latency (NaN
+    where either run did not complete it). ``error_quantiles_ms``: its 1st, 5th, 25th,
+    50th, 75th, 95th and 99th percentiles; ``abs_error_ms_median``, its typical size.
+    """
+
+    table: object
+    error_ms: np.ndarray
+    error_quantiles_ms: dict
+    abs_error_ms_median: float
+
+    def row(self) -> dict:
+        """A flat dict: ``real_X``, ``sim_X``, ``err_X`` per metric, and the request errors."""
+        out = {}
+        for metric, r in self.table.iterrows():
+            out[f"real_{metric}"], out[f"sim_{metric}"] = r["real"], r["sim"]
+            out[f"err_{metric}"] = r["rel_error"]
+        out.update({f"req_err_ms_p{q}": v for q, v in self.error_quantiles_ms.items()})
+        out["req_abs_err_ms_median"] = self.abs_error_ms_median
+        return out
+
+
+def compare(real: RunResult, sim: RunResult, warmup_frac: float = 0.0) -> Comparison:
+    """Compare ``sim`` with ``real``, two runs over the same requests (matched by index).
+
+    Both summaries skip the first ``warmup_frac`` of requests, and so do the per-request
+    errors.
+    """
+    import pandas as pd
+
+    for name, res in (("real", real), ("sim", sim)):
+        if not isinstance(res, RunResult):
+            raise ValueError(f"{name} must be a RunResult, got {res!r}")
+    if real.n_requests != sim.n_requests:
+        raise ValueError(f"sim must have as many requests as real ({real.n_requests}), "
+                         f"got {sim.n_requests}")
+    a, b = real.summary(warmup_frac=warmup_frac), sim.summary(warmup_frac=warmup_frac)
+    table = pd.DataFrame({"real": [a[m] for m in METRICS], "sim": [b[m] for m in METRICS]},
+                         index=list(METRICS))
+    table["rel_error"] = table["sim"] / table["real"] - 1.0
+    first = int(_check.non_negative("warmup_frac", warmup_frac) * real.n_requests)
+    both = (real.status == COMPLETED) & (sim.status == COMPLETED)
+    error_ms = np.where(both, 1e3 * (sim.latency_s - real.latency_s), np.nan)
+    kept = error_ms[first:][both[first:]]
+    qs = (1, 5, 25, 50, 75, 95, 99)
+    quantiles = (dict(zip(qs, np.percentile(kept, qs).tolist(), strict=True)) if kept.size
+                 else dict.fromkeys(qs, math.nan))
+    median_abs = float(np.median(np.abs(kept))) if kept.size else math.nan
+    return Comparison(table, error_ms, quantiles, median_abs)
+
+
+# -- real against simulated, over a grid ------------------------------------------------
+
+
+def run_pair(model, service: ServiceModel, policy: BatchPolicy, workload: Workload,
+             n_requests: int, seed: int = 0, *, arrivals: str = "recorded",
+             device=None) -> tuple[RunResult, RunResult]:
+    """Serve ``workload`` (seeded) with the real batcher and simulate the same arrivals.
+
+    ``arrivals="recorded"``: the simulator gets the arrival instants the batcher recorded
+    (what it saw, the load generator's own lateness included); ``"scheduled"``: the
+    instants drawn for the seed, as ``simulate(workload, ..., seed=seed)`` would.
+    """
+    from .real import run_load
+    from .sim import simulate
+
+    _check.one_of("arrivals", arrivals, ("recorded", "scheduled"))
+    real = run_load(model, workload, policy, n_requests=n_requests, seed=seed,
+                    device=device)
+    times_s = real.arrival_s if arrivals == "recorded" else real.meta["scheduled_s"]
+    sim = simulate(Trace(times_s), policy, service, seed=seed)
+    return real, sim
+
+
+def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(0.0, 1.0),
+             load=(0.2, 0.5, 0.8), *, workload: Workload | None = None,
+             n_requests: int = 2000, duration_s: float | None = None, seed: int = 0,
+             repeat: bool = False, baseline: ServiceModel | None = None, device=None,
+             progress: bool = False):
+    """Real against simulated over max_batch_size x max_wait_ms x load: a DataFrame.
+
+    ``load`` is a fraction of ``service.capacity_rps(max_batch_size)``; ``workload``
+    (default Poisson) is rescaled to that rate. Each run serves ``n_requests``, or with
+    ``duration_s`` as many as arrive in that time if more (a run must be long against
+    the machine's hiccups to measure a tail). One row per configuration: its
+    parameters, both runs' metrics and relative errors (``Comparison.row``), the
+    per-request error quantiles and the load generator's lateness (ms, p50 and p99).
+    With ``repeat`` the real run is made twice on the same seed and the second compared
+    with the first too (``floor_err_*`` columns): how far the real batcher is from
+    itself, the least error any model of it can show on this machine. With a
+    ``baseline`` service model (say ``service.model``, the model's ``s(b)`` alone), the
+    same arrivals are simulated with it too (``base_err_*`` columns): what calibration
+    buys.
+    """
+    import pandas as pd
+
+    from .real import run_load
+    from .sim import simulate
+
+    shape = Poisson(1.0) if workload is None else workload
+    configs = list(itertools.product(max_batch_size, max_wait_ms, load))
+    rows = []
+    for k, (mb, mw, x) in enumerate(configs):
+        policy = BatchPolicy(int(mb), float(mw))
+        rate_rps = float(x) * service.capacity_rps(policy.max_batch_size)
+        traffic = shape.with_rate(rate_rps)
+        n = n_requests if duration_s is None else max(n_requests, round(rate_rps * duration_s))
+        real, sim = run_pair(model, service, policy, traffic, n, seed, device=device)
+        row = {"max_batch_size": policy.max_batch_size, "max_wait_ms": policy.max_wait_ms,
+               "load": float(x), "rate_rps": rate_rps, "n_requests": n,
+               "lateness_ms_p50": real.meta["lateness_ms_p50"],
+               "lateness_ms_p99": real.meta["lateness_ms_p99"]}
+        row.update(compare(real, sim).row())
+        if baseline is not None:
+            base = simulate(Trace(real.arrival_s), policy, baseline, seed=seed)
+            row.update({f"base_err_{m}": v for m, v in
+                        compare(real, base).table["rel_error"].items()})
+        if repeat:
+            again = run_load(model, traffic, policy, n_requests=n, seed=seed, device=device)
+            row.update({f"floor_err_{m}": v for m, v in
+                        compare(real, again).table["rel_error"].items()})
+        rows.append(row)
+        if progress:
+            print(f"[{k + 1}/{len(configs)}] max_batch_size={mb} max_wait_ms={mw} load={x}: "
+                  f"p50 {row['err_latency_ms_p50']:+.1%}, p99 {row['err_latency_ms_p99']:+.1%}"
+                  + (f" (real vs real: p50 {row['floor_err_latency_ms_p50']:+.1%}, p99 "
+                     f"{row['floor_err_latency_ms_p99']:+.1%})" if repeat else ""), flush=True)
+    return pd.DataFrame(rows)
+
+
+def fidelity_summary(df) -> dict:
+    """Median absolute relative errors over a ``fidelity`` grid (also of the baseline and
+    of the real batcher against itself, where there are), and the worst row by p99."""
+    out = {"configurations": len(df)}
+    for metric in METRICS:
+        out[f"median_abs_err_{metric}"] = float(df[f"err_{metric}"].abs().median())
+        for prefix, name in (("floor_err", "floor"), ("base_err", "base")):
+            if f"{prefix}_{metric}" in df:
+                out[f"median_abs_{name}_{metric}"] = float(df[f"{prefix}_{metric}"].abs()
+                                                           .median())
+    worst = df.loc[df["err_latency_ms_p99"].abs().idxmax()]
+    out["worst"] = {k: (v.item() if hasattr(v, "item") else v) for k, v in worst[[
+        "max_batch_size", "max_wait_ms", "load", "rate_rps", "err_latency_ms_p50",
+        "err_latency_ms_p99", "err_throughput_rps"]].items()}
+    return out
+
+
+
+def plot_fidelity(df, fig=None):
+    """Simulated against real latency, p50 and p99, one point per configuration.
+
+    Points on the diagonal are perfect predictions; the band is +-10%. Where the grid was
+    repeated (``floor_err_*``), grey crosses show the real batcher's second run against
+    its first. Returns the matplotlib ``Figure`` (a new one unless ``fig`` is given).
+    """
+    from matplotlib.figure import Figure
+
+    fig = fig if fig is not None else Figure(figsize=(11, 4.8), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, q in zip(axes, ("p50", "p99"), strict=True):
+        real, sim = df[f"real_latency_ms_{q}"], df[f"sim_latency_ms_{q}"]
+        lo, hi = min(real.min(), sim.min()) / 1.5, max(real.max(), sim.max()) * 1.5
+        line = np.geomspace(lo, hi, 50)
+        ax.fill_between(line, line * 0.9, line * 1.1, color="0.9", label="within 10%")
+        ax.plot(line, line, color="0.5", lw=1)
+        if f"floor_err_latency_ms_{q}" in df:
+            again = real * (1 + df[f"floor_err_latency_ms_{q}"])
+            ax.scatter(real, again, marker="x", color="0.55", label="real, run again")
+        for mw, part in df.groupby("max_wait_ms"):
+            ax.scatter(part[f"real_latency_ms_{q}"], part[f"sim_latency_ms_{q}"],
+                       s=20 + 60 * part["load"], label=f"max_wait_ms={mw:g}")
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
+               xlabel=f"real {q} latency (ms)", ylabel=f"simulated {q} latency (ms)",
+               title=f"{q}: simulated vs real (size: load)")
+        ax.legend(fontsize="small")
+    return fig
+
+class _CallableModule(types.ModuleType):
+    """This module, which called is its ``calibrate`` function."""
+
+    def __call__(self, *args, **kwargs):
+        return calibrate(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,343 @@
+"""Calibration: the batcher-cost model in both engines, compare(), and calibrate() on a
+model whose cost is known."""
+
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import batchsim as bs
+from batchsim.calibrate import compare
+from batchsim.real import InputSpec
+from batchsim.result import RunRecorder
+from batchsim.service import BatcherCosts, CalibratedService
+
+MS = 1e-3
+
+
+# -- the cost model ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"react_ms": -1.0}, "react_ms"),
+    ({"timer_resolution_ms": math.nan}, "timer_resolution_ms"),
+    ({"idle_ms": (1.0, 2.0), "wake_ms": (0.1,)}, "one entry per idle_ms"),
+    ({"idle_ms": (2.0, 1.0), "wake_ms": (0.1, 0.2)}, "strictly increasing"),
+    ({"idle_ms": (0.0,), "wake_ms": (0.1,)}, "idle_ms"),
+])
+def test_batcher_costs_refuse_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        BatcherCosts(**kwargs)
+
+
+def test_timer_fires_on_the_grid_counted_from_when_the_loop_slept():
+    costs = BatcherCosts(timer_resolution_ms=1.0, timer_latency_ms=0.1)
+    assert costs.timer_fire_s(0.0, 0.3 * MS) == pytest.approx(1.1 * MS)
+    assert costs.timer_fire_s(0.2 * MS, 1.0 * MS) == pytest.approx(1.3 * MS)   # ceil(0.8)
+    assert costs.timer_fire_s(0.0, 2.0 * MS) == pytest.approx(2.1 * MS)        # on the grid
+    assert costs.timer_fire_s(0.0, math.inf) == math.inf
+    assert BatcherCosts().timer_fire_s(0.3, 0.7) == 0.7                        # exact
+
+
+def test_wake_cost_interpolates_in_log_idle_time_and_is_flat_outside():
+    costs = BatcherCosts(idle_ms=(0.1, 1.0), wake_ms=(0.0, 0.2))
+    assert costs.wake_s(0.0) == 0.0
+    assert costs.wake_s(math.sqrt(0.1) * MS) == pytest.approx(0.1 * MS)       # log midpoint
+    assert costs.wake_s(math.inf) == pytest.approx(0.2 * MS)
+    assert BatcherCosts().wake_s(5.0) == 0.0
+
+
+def test_arrivals_during_a_batch_stretch_it_until_none_is_left_out():
+    costs = BatcherCosts(arrival_ms=0.5)
+    arrivals = [0.0, 0.2 * MS, 0.5 * MS, 1.2 * MS, 1.8 * MS, 3.0 * MS]
+    # 1 ms alone; 0.2 and 0.5 fall in -> 2 ms; then 1.2 and 1.8 -> 3 ms; 3.0 is not before.
+    assert costs.end_s(0.0, 1 * MS, arrivals) == pytest.approx(3 * MS)
+    assert BatcherCosts().end_s(1.0, 0.25, arrivals) == 1.25
+
+
+def test_calibrated_service_mean_is_the_typical_time_times_the_mean_ratio():
+    svc = CalibratedService(bs.AffineService(1.0, 0.1), per_batch_ms=0.5, per_item_ms=0.05,
+                            jitter_quantiles=(1.0, 3.0))          # ratio uniform on [1, 3]
+    b = np.array([1, 8])
+    np.testing.assert_allclose(svc.mean_ms(b), 2.0 * (1.5 + 0.15 * b))
+    assert svc.jitter_mean == pytest.approx(2.0)
+    assert svc.jitter_cv == pytest.approx((2 / math.sqrt(12)) / 2)
+    f = svc.jitter_factors(np.random.default_rng(0), 200_000)
+    assert f.min() >= 0.5 and f.max() <= 1.5
+    assert f.mean() == pytest.approx(1.0, abs=4 * f.std() / math.sqrt(f.size))
+    assert CalibratedService(bs.AffineService(1.0, 0.0)).jitter_factors(None, 3) is None
+
+
+def test_capacity_counts_release_and_the_stretch_of_arrivals():
+    plain = CalibratedService(bs.AffineService(1.0, 0.0),
+                              costs=BatcherCosts(release_ms=0.25))
+    assert plain.capacity_rps(4) == pytest.approx(4 / 1.25e-3)
+    svc = CalibratedService(bs.AffineService(1.0, 0.0),
+                            costs=BatcherCosts(release_ms=0.25, arrival_ms=0.05))
+    cycle_s = 4 / svc.capacity_rps(4)
+    rate = 4 / cycle_s                      # at saturation: b arrivals per cycle
+    batch_s = cycle_s - 0.25 * MS
+    assert batch_s == pytest.approx(1 * MS + 0.05 * MS * rate * batch_s)
+
+
+def test_calibrated_service_saves_and_loads(tmp_path):
+    costs = BatcherCosts(0.02, 0.03, 0.001, 1.0, 0.1, 0.005, (0.01, 1.0), (0.0, 0.15))
+    svc = CalibratedService(bs.ProfileService((1, 8), (0.1, 0.3)), 0.05, 0.002,
+                            (0.8, 1.0, 1.5), costs, {"model": "tiny-mlp"})
+    svc.save(tmp_path / "cal.json")
+    back = bs.load_service(tmp_path / "cal.json")
+    assert back == svc and back.costs == costs and back.metadata == {"model": "tiny-mlp"}
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"model": 3}, "model must be a service model"),
+    ({"per_batch_ms": -0.1}, "per_batch_ms"),
+    ({"jitter_quantiles": (1.0,)}, "jitter_quantiles"),
+    ({"jitter_quantiles": (2.0, 1.0)}, "jitter_quantiles"),
+    ({"costs": {"react_ms": 1.0}}, "costs must be BatcherCosts"),
+])
+def test_calibrated_service_refuses_bad_values(kwargs, match):
+    args = {"model": bs.AffineService(1.0, 0.1), **kwargs}
+    with pytest.raises(ValueError, match=match):
+        CalibratedService(**args)
+
+
+# -- the engines apply it, identically --------------------------------------------------
+
+
+def run_both(*args, **kwargs):
+    return (bs.simulate(*args, **kwargs, engine="fast"),
+            bs.simulate(*args, **kwargs, engine="simpy"))
+
+
+costs_st = st.builds(
+    BatcherCosts, react_ms=st.sampled_from([0.0, 0.02, 0.3]),
+    release_ms=st.sampled_from([0.0, 0.05, 0.5]),
+    release_per_item_ms=st.sampled_from([0.0, 0.01]),
+    timer_resolution_ms=st.sampled_from([0.0, 0.3, 1.0]),
+    timer_latency_ms=st.sampled_from([0.0, 0.1]), arrival_ms=st.sampled_from([0.0, 0.05]),
+    idle_ms=st.just((0.01, 0.1, 1.0)), wake_ms=st.sampled_from([(0, 0, 0), (0, 0.05, 0.2)]))
+workloads = st.one_of(
+    st.builds(bs.Poisson, st.floats(50, 8000)),
+    st.builds(bs.Constant, st.sampled_from([250.0, 1000.0, 4000.0])),    # ties
+    st.lists(st.integers(0, 40), min_size=1, max_size=60).map(
+        lambda xs: bs.Trace(np.sort(np.array(xs)) * 0.5e-3)))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workload=workloads, costs=costs_st, max_b=st.integers(1, 12),
+       max_wait_ms=st.sampled_from([0.0, 0.5, 2.5, math.inf]),
+       spread=st.sampled_from([(), (0.5, 1.0, 2.0)]), n=st.integers(1, 200),
+       seed=st.integers(0, 2**32))
+def test_fast_and_simpy_make_the_same_run_with_batcher_costs(workload, costs, max_b,
+                                                             max_wait_ms, spread, n, seed):
+    svc = CalibratedService(bs.AffineService(0.4, 0.05), 0.05, 0.01, spread, costs)
+    n = None if isinstance(workload, bs.Trace) else n
+    fast, simpy = run_both(workload, bs.BatchPolicy(max_b, max_wait_ms), svc, n, seed=seed)
+    for name in ("size", "trigger", "batch_id", "status"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(simpy, name), name)
+    for name in ("start_s", "end_s", "finish_s"):
+        np.testing.assert_allclose(getattr(fast, name), getattr(simpy, name), atol=1e-12,
+                                   rtol=0, err_msg=name)
+
+
+@pytest.mark.parametrize("max_wait_ms", [0.0, 1.0, math.inf])
+def test_without_costs_a_calibrated_service_runs_like_its_model(max_wait_ms):
+    model = bs.AffineService(0.5, 0.1)
+    policy = bs.BatchPolicy(6, max_wait_ms)
+    plain = bs.simulate(bs.Poisson(3000.0), policy, model, 2000, seed=3)
+    for engine in ("fast", "simpy"):
+        cal = bs.simulate(bs.Poisson(3000.0), policy, CalibratedService(model), 2000, seed=3,
+                          engine=engine)
+        np.testing.assert_array_equal(cal.size, plain.size)
+        np.testing.assert_array_equal(cal.start_s, plain.start_s)
+        np.testing.assert_array_equal(cal.finish_s, plain.finish_s)
+
+
+def test_what_the_fast_engine_does_not_model_falls_back_to_simpy():
+    svc = CalibratedService(bs.AffineService(0.5, 0.1), costs=BatcherCosts(react_ms=0.01))
+    for kwargs in ({"workers": 2}, {"policy": bs.BatchPolicy(4, 1.0, max_queue_size=8)}):
+        args = {"workload": bs.Poisson(2000.0), "policy": bs.BatchPolicy(4, 1.0),
+                "service": svc, "n_requests": 300, **kwargs}
+        with pytest.raises(NotImplementedError, match="engine='simpy'"):
+            bs.simulate(**args, engine="fast")
+        assert bs.simulate(**args).meta["engine"] == "simpy"
+
+
+def test_a_timer_fires_on_the_grid_from_the_last_wake_up_by_hand():
+    """Policy (4, 1 ms); arrivals at 0 and 0.2 ms (and one much later, so that the stream
+    stays open); timers on a 1 ms grid. The loop last woke for the second arrival, at
+    0.2 ms + react: the timer due at 1 ms rounds up to a whole millisecond from then."""
+    trace = bs.Trace([0.0, 0.2 * MS, 50 * MS])
+    for react_ms, start_ms in ((0.0, 1.2), (0.05, 1.25)):
+        svc = CalibratedService(bs.AffineService(1.0, 0.0), costs=BatcherCosts(
+            react_ms=react_ms, timer_resolution_ms=1.0))
+        for engine in ("fast", "simpy"):
+            res = bs.simulate(trace, bs.BatchPolicy(4, 1.0), svc, engine=engine)
+            assert res.start_s[0] == pytest.approx(start_ms * MS)
+            assert res.size[0] == 2
+
+
+def test_a_closed_stream_flushes_at_the_last_arrivals_wake_up():
+    trace = bs.Trace([0.0, 0.2 * MS])
+    svc = CalibratedService(bs.AffineService(1.0, 0.0), costs=BatcherCosts(
+        react_ms=0.05, timer_resolution_ms=1.0))
+    for engine in ("fast", "simpy"):
+        res = bs.simulate(trace, bs.BatchPolicy(4, 1.0), svc, engine=engine)
+        assert res.start_s == pytest.approx([0.25 * MS])
+        assert res.trigger.tolist() == [bs.policy.FLUSH]
+
+
+def test_release_react_and_wake_by_hand():
+    """One request a batch; 1 ms each, 0.5 ms release, 0.1 ms react; wake 0.3 ms after
+    a long idle, none back to back."""
+    costs = BatcherCosts(react_ms=0.1, release_ms=0.5, idle_ms=(0.01, 10.0),
+                         wake_ms=(0.0, 0.3))
+    svc = CalibratedService(bs.AffineService(1.0, 0.0), costs=costs)
+    trace = bs.Trace([0.0, 0.2 * MS])
+    for engine in ("fast", "simpy"):
+        res = bs.simulate(trace, bs.BatchPolicy(1, 0.0), svc, engine=engine)
+        # First: woken 0.1 ms after its arrival, never-used worker (idle: infinite).
+        # Second: waits for the release at 1.4 + 0.5 ms; back to back, no wake cost.
+        assert res.start_s == pytest.approx([0.1 * MS, 1.9 * MS])
+        assert res.end_s == pytest.approx([1.4 * MS, 2.9 * MS])
+        assert res.latency_s == pytest.approx([1.4 * MS, 2.7 * MS])
+
+
+# -- compare ----------------------------------------------------------------------------
+
+
+def one_request_batches(latency_ms, arrival_s):
+    rec = RunRecorder(np.asarray(arrival_s, float), 1)
+    for i, (a, lat) in enumerate(zip(arrival_s, latency_ms, strict=True)):
+        rec.dispatch([i], a, a + lat * MS, 0, bs.policy.SIZE)
+    return rec.result()
+
+
+def test_compare_gives_the_exact_errors_of_constructed_runs():
+    arrival_s = [0.0, 0.01, 0.02, 0.03, 0.04]
+    real = one_request_batches([1.0, 2.0, 3.0, 4.0, 5.0], arrival_s)
+    sim = one_request_batches([1.1, 2.0, 3.3, 4.0, 5.5], arrival_s)
+    c = compare(real, sim)
+    t = c.table
+    assert t.loc["latency_ms_p50", "rel_error"] == pytest.approx(0.1)
+    assert t.loc["latency_ms_mean", "rel_error"] == pytest.approx(3.18 / 3.0 - 1)
+    assert t.loc["latency_ms_p99", "real"] == pytest.approx(np.percentile([1, 2, 3, 4, 5], 99))
+    assert t.loc["latency_ms_p99", "rel_error"] == pytest.approx(
+        np.percentile([1.1, 2, 3.3, 4, 5.5], 99) / np.percentile([1, 2, 3, 4, 5], 99) - 1)
+    # Throughput: 5 requests from the first arrival to the last finish.
+    assert t.loc["throughput_rps", "real"] == pytest.approx(5 / 0.045)
+    assert t.loc["throughput_rps", "rel_error"] == pytest.approx(0.045 / 0.0455 - 1)
+    assert t.loc["mean_batch_size", "rel_error"] == 0.0
+    np.testing.assert_allclose(c.error_ms, [0.1, 0.0, 0.3, 0.0, 0.5], atol=1e-9)
+    assert c.error_quantiles_ms[50] == pytest.approx(0.1)
+    assert c.abs_error_ms_median == pytest.approx(0.1)
+    row = c.row()
+    assert row["err_latency_ms_p50"] == pytest.approx(0.1)
+    assert row["real_latency_ms_p50"] == pytest.approx(3.0)
+
+
+def test_compare_skips_requests_either_run_lost_and_refuses_other_lengths():
+    arrival_s = [0.0, 0.01, 0.02]
+    real = one_request_batches([1.0, 2.0, 3.0], arrival_s)
+    sim = one_request_batches([1.5, 2.0, 3.0], arrival_s)
+    sim.status[1] = bs.REJECTED
+    sim.finish_s[1] = np.nan
+    c = compare(real, sim)
+    assert np.isnan(c.error_ms[1]) and c.error_ms[0] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="as many requests"):
+        compare(real, one_request_batches([1.0], [0.0]))
+    with pytest.raises(ValueError, match="real must be a RunResult"):
+        compare("real", sim)
+
+
+# -- calibrate() on a model of known cost -----------------------------------------------
+
+BASE_MS, PER_ITEM_MS = 2.0, 0.25
+
+
+def known_cost(x):
+    """Sleeps 2 ms a batch and 0.25 ms a request (the GIL released, as a GPU model)."""
+    time.sleep((BASE_MS + PER_ITEM_MS * len(x)) / 1000)
+    return x
+
+
+known_cost.input_spec = InputSpec((4,), torch.float32)
+
+
+@pytest.fixture(scope="module")
+def calibrated():
+    return bs.calibrate(known_cost, 8, n_requests=360, duration_s=0.0, repeats=8,
+                        timer_probes=60, seed=0)
+
+
+def test_calibration_recovers_the_injected_cost(calibrated):
+    """``time.sleep`` never returns early, and oversleeps by a scheduler wake-up: well under
+    a millisecond on a loaded machine."""
+    sizes = np.array(calibrated.model.batch_sizes)
+    injected = BASE_MS + PER_ITEM_MS * sizes
+    over = np.asarray(calibrated.model.times_ms) - injected
+    assert (over >= 0).all() and (over < 1.0).all(), over
+    slope = np.polyfit(sizes, calibrated.model.times_ms, 1)[0]
+    assert slope == pytest.approx(PER_ITEM_MS, rel=0.15)
+    # The batcher adds its own costs on top, never less than the model, by < 1 ms.
+    typical = calibrated.mean_ms(sizes) / calibrated.jitter_mean
+    assert (typical >= np.asarray(calibrated.model.times_ms)).all()
+    assert (typical - injected < 1.0).all()
+    c = calibrated.costs
+    assert 0 < c.react_ms < 1.0 and c.release_ms < 1.0
+    assert calibrated.metadata["batches"] > 50
+
+
+def test_calibrate_takes_a_batcher_and_refuses_bad_arguments():
+    from batchsim.real import DynamicBatcher
+
+    with pytest.raises(ValueError, match="model_or_batcher"):
+        bs.calibrate(42)
+    with pytest.raises(ValueError, match="n_requests must be at least 200"):
+        bs.calibrate(known_cost, 4, n_requests=100)
+    with pytest.raises(ValueError, match="max_batch_size"):
+        bs.calibrate(known_cost, 0)
+    batcher = DynamicBatcher(known_cost, bs.BatchPolicy(2, 1.0))
+    svc = bs.calibrate(batcher, n_requests=200, duration_s=0.0, batch_sizes=(1, 2), repeats=3,
+                       timer_probes=20)
+    assert svc.model.batch_sizes == (1, 2) and svc.metadata["model"] == "known_cost"
+
+
+# -- the command line ------------------------------------------------------------------
+
+
+def test_validate_command_writes_the_table_and_the_plot(tmp_path, capsys):
+    from batchsim.cli import main
+
+    cal = CalibratedService(bs.AffineService(0.1, 0.002), 0.05, 0.002, (0.9, 1.0, 1.3),
+                            BatcherCosts(0.02, 0.02, 0.0, 1.0, 0.1))
+    cal.save(tmp_path / "cal.json")
+    code = main(["validate", "--model", "tiny-mlp", "--calibration", str(tmp_path / "cal.json"),
+                 "--grid", "max_batch_size=4", "max_wait_ms=0,1", "load=0.2",
+                 "--duration-s", "0.05", "-n", "200", "--out", str(tmp_path / "v.csv"),
+                 "--plot", str(tmp_path / "v.png")])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "median |relative error|: p50" in out and "worst configuration" in out
+    import pandas as pd
+
+    table = pd.read_csv(tmp_path / "v.csv")
+    assert len(table) == 2 and set(table["max_wait_ms"]) == {0.0, 1.0}
+    assert (tmp_path / "v.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--grid", "max_batch=4"], "--grid entries must look like NAME=V1,V2"),
+    (["--grid", "load=a,b"], "--grid load must be floats"),
+    (["--model", "tiny-gpt"], "--model must be one of"),
+])
+def test_validate_command_reports_bad_arguments_in_one_line(argv, match, capsys):
+    from batchsim.cli import main
+
+    assert main(["validate", *argv]) == 2
+    assert match in capsys.readouterr().err

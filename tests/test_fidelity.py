@@ -1,0 +1,89 @@
+"""A small fidelity grid: the calibrated simulator predicts the real batcher.
+
+The model sleeps (the GIL released, like a GPU model) 1 ms a batch and 0.1 ms a request,
+so the batcher's own sub-millisecond costs and the event loop's 1 ms timer grid matter,
+as they do for real models. Real runs on a shared machine are noisy; the bounds are:
+
+* the paired batch-means standard error of the difference: the run is cut into ten
+  consecutive blocks, each statistic compared block by block (simulator and batcher saw
+  the same arrivals, so what the arrivals do cancels out); four standard errors;
+* plus a model allowance: 30% for p50 latency, 15% for the mean batch size. This is the
+  scale of the simulator's error that ``bench/bench_fidelity.py`` measures on a loaded
+  two-core machine, where the real batcher differs from itself by about as much; the
+  test catches a simulator that is wrong in kind (a missing timer grid shifts p50 by a
+  millisecond: far more), not one that is a few percent off.
+
+Throughput must agree within 2%: both runs serve the same open-loop arrivals.
+"""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import batchsim as bs
+from batchsim.calibrate import fidelity, run_pair
+from batchsim.real import InputSpec
+
+BLOCKS = 10
+
+
+def sleepy(x):
+    time.sleep((1.0 + 0.1 * len(x)) / 1000)
+    return x
+
+
+sleepy.input_spec = InputSpec((4,), torch.float32)
+
+
+@pytest.fixture(scope="module")
+def service():
+    return bs.calibrate(sleepy, 8, n_requests=360, duration_s=0.0, repeats=8,
+                        timer_probes=60, seed=0)
+
+
+def per_request(res, what):
+    """Per request: its latency (ms) or the size of the batch it rode in."""
+    if what == "latency":
+        return 1e3 * res.latency_s
+    return res.size[res.batch_id].astype(float)
+
+
+def paired_blocks(real, sim, what, stat):
+    """Relative difference of ``stat`` over the whole run and its batch-means SE."""
+    r, s = per_request(real, what), per_request(sim, what)
+    idx = np.array_split(np.arange(real.n_requests), BLOCKS)
+    d = np.array([stat(s[i]) - stat(r[i]) for i in idx])
+    whole = stat(r)
+    return (stat(s) - whole) / whole, d.std(ddof=1) / np.sqrt(BLOCKS) / whole
+
+
+def test_throughput_agrees_over_a_grid(service):
+    grid = fidelity(sleepy, service, max_batch_size=(8,), max_wait_ms=(0.0, 2.0),
+                    load=(0.3, 0.6), n_requests=500, seed=1)
+    assert len(grid) == 4
+    assert (grid["err_throughput_rps"].abs() <= 0.02).all(), grid["err_throughput_rps"]
+
+
+@pytest.mark.parametrize("max_wait_ms, load", [(0.0, 0.3), (2.0, 0.3), (2.0, 0.6)])
+def test_p50_latency_and_batch_sizes_within_noise_and_allowance(service, max_wait_ms, load):
+    policy = bs.BatchPolicy(8, max_wait_ms)
+    rate = load * service.capacity_rps(8)
+    real, sim = run_pair(sleepy, service, policy, bs.Poisson(rate), 500, seed=2)
+    err, se = paired_blocks(real, sim, "latency", np.median)
+    assert abs(err) <= 0.30 + 4 * se, (err, se)
+    err, se = paired_blocks(real, sim, "batch size", np.mean)
+    assert abs(err) <= 0.15 + 4 * se, (err, se)
+
+
+def test_calibration_beats_the_model_alone_where_timers_matter(service):
+    """With max_wait_ms=0.5 the event loop's timer grid adds up to a millisecond to a
+    wait of half of one; the model's s(b) alone (what a simulator without calibration
+    would use) misses it."""
+    policy = bs.BatchPolicy(8, 0.5)
+    rate = 0.3 * service.capacity_rps(8)
+    real, calibrated = run_pair(sleepy, service, policy, bs.Poisson(rate), 500, seed=3)
+    alone = bs.simulate(bs.Trace(real.arrival_s), policy, service.model, seed=3)
+    p50 = [r.summary()["latency_ms_p50"] for r in (real, calibrated, alone)]
+    assert abs(p50[1] - p50[0]) < abs(p50[2] - p50[0]), p50
