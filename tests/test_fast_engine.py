@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import policies, services, workloads
 
 import batchsim as bs
 from batchsim.result import EXPIRED, REJECTED
@@ -30,25 +31,6 @@ def both(*args, **kwargs):
 
 
 # -- random configurations --------------------------------------------------------------
-
-workloads = st.one_of(
-    st.builds(bs.Poisson, st.floats(50, 8000)),
-    st.builds(bs.Constant, st.sampled_from([100.0, 250.0, 1000.0, 4000.0])),  # ties
-    st.builds(bs.Gamma, st.floats(50, 8000), st.floats(0.2, 3.0)),
-    st.builds(bs.Bursty, st.floats(500, 20000), st.floats(0, 500), st.floats(0.001, 0.05),
-              st.floats(0.001, 0.05)),
-    st.lists(st.integers(0, 40), min_size=1, max_size=80).map(   # duplicate times
-        lambda xs: bs.Trace(np.sort(np.array(xs)) * 0.5e-3)),
-)
-policies = st.builds(
-    bs.BatchPolicy,
-    max_batch_size=st.integers(1, 20),
-    max_wait_ms=st.sampled_from([0.0, 0.5, 1.0, 2.5, 7.0, math.inf]),
-    max_queue_size=st.one_of(st.none(), st.integers(1, 40)),
-    timeout_ms=st.one_of(st.none(), st.sampled_from([0.0, 1.0, 4.0, 20.0])),
-)
-services = st.builds(bs.AffineService, st.floats(0.05, 3.0), st.floats(0.0, 0.5),
-                     st.sampled_from([0.0, 0.0, 0.5]))
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -4,9 +4,9 @@ import math
 
 import numpy as np
 import pytest
+from service_fakes import MeasuredUpTo8
 
 import batchsim as bs
-from batchsim.service import ServiceModel
 from batchsim.viz import tradeoff_dashboard
 from batchsim.viz.widgets import (
     ARRIVALS,
@@ -191,18 +191,6 @@ def test_the_point_stays_in_view_when_it_leaves_the_backdrop():
     dash.controls["load"].value = 1.2     # past the frontier's loads
     dash.controls["max_batch_size"].value = 1  # far past this batch size's capacity
     assert_shows_its_result(dash)          # the axes grew to show it
-
-
-class MeasuredUpTo8(ServiceModel):
-    """A service model that, like a measured table, knows nothing past batch size 8."""
-
-    jitter_cv = 0.0
-
-    def mean_ms(self, batch_size):
-        b = np.asarray(batch_size, dtype=float)
-        if b.max() > 8:
-            raise ValueError(f"batch_size must be at most 8 for this profile, got {b.max():g}")
-        return 1.0 + 0.5 * b
 
 
 def test_an_invalid_combination_shows_its_error_and_recovers():

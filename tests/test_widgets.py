@@ -2,12 +2,11 @@
 
 import math
 
-import numpy as np
 import pytest
 from matplotlib.container import BarContainer
+from service_fakes import MeasuredUpTo8
 
 import batchsim as bs
-from batchsim.service import ServiceModel
 from batchsim.viz import basics_dashboard
 
 N = 2000
@@ -73,18 +72,6 @@ def test_max_batch_size_bounds_the_batches_drawn():
     (size_steps,) = dash.axes["batch"].patches
     heights, edges = size_steps.get_data().values, size_steps.get_data().edges
     assert edges[-1] - 0.5 == 6 == dash.result.size.max() and heights[-1] > 0
-
-
-class MeasuredUpTo8(ServiceModel):
-    """A service model that, like a measured table, knows nothing past batch size 8."""
-
-    jitter_cv = 0.0
-
-    def mean_ms(self, batch_size):
-        b = np.asarray(batch_size, dtype=float)
-        if b.max() > 8:
-            raise ValueError(f"batch_size must be at most 8 for this profile, got {b.max():g}")
-        return 1.0 + 0.5 * b
 
 
 def test_an_error_is_shown_and_cleared():
