@@ -23,6 +23,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, NullLocator
+from PIL import Image
 
 from .. import _check, quick
 from ..policy import BatchPolicy
@@ -47,6 +48,7 @@ class Dashboard:
     def __init__(self, controls: dict, figsize=(10, 6.5), dpi=90):
         self.controls = controls
         self.figure = Figure(figsize=figsize, dpi=dpi, layout="constrained")
+        FigureCanvasAgg(self.figure)
         width_px, height_px = (int(v * dpi) for v in figsize)
         self.image = widgets.Image(format="png", layout=widgets.Layout(
             width=f"{width_px}px", height=f"{height_px}px"))
@@ -83,10 +85,17 @@ class Dashboard:
             self.status.value = (f'<b style="color:#b00020">{html.escape(self.error)}</b>'
                                  f"<details><summary>traceback</summary><pre>{detail}</pre>"
                                  f"</details>")
+        self.image.value = self.png()
+
+    def png(self) -> bytes:
+        """The figure as PNG bytes: drawn once on its Agg canvas, encoded at a fast zlib
+        level (the image is shown once, never stored). ``savefig`` would draw it twice."""
+        canvas = self.figure.canvas
+        canvas.draw()
         buf = io.BytesIO()
-        # Fast zlib level: the PNG is shown once and never stored.
-        self.figure.savefig(buf, format="png", pil_kwargs={"compress_level": 1})
-        self.image.value = buf.getvalue()
+        Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba()).save(
+            buf, format="png", compress_level=1)
+        return buf.getvalue()
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
