@@ -26,14 +26,14 @@ def _service_spec(text: str):
     """``affine:BASE_MS,PER_ITEM_MS`` -> AffineService."""
     from .service import AffineService
 
+    usage = f"--service must look like affine:BASE_MS,PER_ITEM_MS, got {text!r}"
     kind, _, params = text.partition(":")
     if kind != "affine":
-        raise ValueError(f"--service must look like affine:BASE_MS,PER_ITEM_MS, got {text!r}")
+        raise ValueError(usage)
     try:
         base_ms, per_item_ms = (float(v) for v in params.split(","))
     except ValueError:
-        raise ValueError(
-            f"--service must look like affine:BASE_MS,PER_ITEM_MS, got {text!r}") from None
+        raise ValueError(usage) from None
     return AffineService(base_ms, per_item_ms)
 
 
@@ -213,10 +213,12 @@ def _plot_sweep(df, path, slo_ms) -> None:
 
 
 def _args_recommend(p):
+    from .result import PERCENTILES
+
     add_model_arguments(p, grid=True)
     p.set_defaults(workers=[1, 2, 4], n_requests=50_000)
     p.add_argument("--slo-ms", type=float, required=True)
-    p.add_argument("--percentile", type=float, default=99, choices=[50, 90, 95, 99])
+    p.add_argument("--percentile", type=float, default=99, choices=PERCENTILES)
     p.add_argument("--max-batch-size", type=int, nargs="+",
                    default=[1, 2, 4, 8, 16, 32, 64, 128])
     p.add_argument("--max-wait-ms", type=float, nargs="+", default=None,

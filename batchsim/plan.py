@@ -13,10 +13,9 @@ import numpy as np
 
 from . import _check
 from .policy import BatchPolicy
+from .result import PERCENTILES  # the latency percentiles recommend can hold to an SLO
 from .sweep import sweep
 
-#: Latency percentiles that ``recommend`` can hold to an SLO (the summary's columns).
-PERCENTILES = (50, 90, 95, 99)
 #: Throughputs within this fraction of the best feasible one count as equal: runs that
 #: serve the same arrivals in full differ only by when the last batch ends.
 THROUGHPUT_RTOL = 0.01
@@ -120,13 +119,14 @@ def _ranked(ev, latency):
 def _why_not(ev, service, slo, percentile, latency) -> str:
     """Plain words for why no configuration meets the SLO."""
     sizes = np.arange(1, int(ev["max_batch_size"].max()) + 1)
-    fastest_ms = float(np.min(service.mean_ms(sizes)))
+    times_ms = service.mean_ms(sizes)
+    fastest_ms = float(np.min(times_ms))
     rate = float(ev["rate_rps"].iloc[0])
     biggest = ev.loc[ev["capacity_rps"].idxmax()]
     if slo < fastest_ms:
         return (f"nothing meets the SLO: {slo:g} ms is below the service time of one batch "
                 f"(at least {fastest_ms:.3g} ms, for a batch of "
-                f"{int(sizes[np.argmin(service.mean_ms(sizes))])}), so no policy can meet it")
+                f"{int(sizes[np.argmin(times_ms)])}), so no policy can meet it")
     if rate >= biggest["capacity_rps"]:
         return (f"nothing meets the SLO: over capacity -- the offered {rate:.4g} requests/s "
                 f"exceed the most this grid can serve, {biggest['capacity_rps']:.4g} requests/s "

@@ -11,12 +11,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import _check
 from .policy import TRIGGER_NAMES
 
 #: FAILED (real batcher only): never served -- the model raised on it, its caller
 #: cancelled it, or the batcher closed without draining.
 COMPLETED, REJECTED, EXPIRED, FAILED = 0, 1, 2, 3
 STATUS_NAMES = ("completed", "rejected", "expired", "failed")
+#: Latency percentiles that ``RunResult.summary`` reports (``latency_ms_p50``, ...).
+PERCENTILES = (50, 90, 95, 99)
 
 
 @dataclass(eq=False)
@@ -78,8 +81,6 @@ class RunResult:
         requests (rejected and expired ones included) that completed within the SLO, and
         ``goodput_rps`` their rate.
         """
-        from . import _check
-
         warm = _check.non_negative("warmup_frac", warmup_frac)
         if warm >= 1:
             raise ValueError(f"warmup_frac must be below 1, got {warmup_frac!r}")
@@ -97,20 +98,13 @@ class RunResult:
         per_worker = per_worker / span_s if span_s > 0 else np.zeros(self.workers)
 
         # One partition for all percentiles (sweeps summarise hundreds of runs).
-        qs = (50, 90, 95, 99)
-        at = dict(zip(qs, np.percentile(lat_ms, qs).tolist() if lat_ms.size
-                      else [float("nan")] * len(qs), strict=True))
-
-        def pct(q):
-            return at[q]
+        at = (np.percentile(lat_ms, PERCENTILES).tolist() if lat_ms.size
+              else [float("nan")] * len(PERCENTILES))
 
         out = {
             "throughput_rps": float(done.sum() / span_s) if span_s > 0 else float("nan"),
             "latency_ms_mean": float(lat_ms.mean()) if lat_ms.size else float("nan"),
-            "latency_ms_p50": pct(50),
-            "latency_ms_p90": pct(90),
-            "latency_ms_p95": pct(95),
-            "latency_ms_p99": pct(99),
+            **{f"latency_ms_p{q}": v for q, v in zip(PERCENTILES, at, strict=True)},
             "latency_ms_max": float(lat_ms.max()) if lat_ms.size else float("nan"),
             "mean_batch_size": (float(self.size[in_window].mean()) if in_window.any()
                                 else float("nan")),
@@ -210,12 +204,6 @@ class RunRecorder:
         self.finish_s[ids] = end_s
         self.batch_id[ids] = k
         return k
-
-    def finish(self, k: int, ids, end_s: float) -> None:
-        """Set batch ``k``'s end time afterwards (the real batcher learns it only then)."""
-        start_s, _, size, worker, trig = self._batches[k]
-        self._batches[k] = (start_s, end_s, size, worker, trig)
-        self.finish_s[ids] = end_s
 
     def result(self, **meta) -> RunResult:
         cols = list(zip(*self._batches, strict=True)) if self._batches else [[]] * 5

@@ -49,7 +49,8 @@ def sweep(workload: Workload, service: ServiceModel,
     leaves the first part of each run out of its summary.
 
     Columns: ``max_batch_size``, ``max_wait_ms``, ``load`` (with ``load``),
-    ``rate_rps``, ``workers``, ``seed``, then the ``RunResult.summary()`` numbers.
+    ``rate_rps``, ``workers``, ``seed``, then the scalar ``RunResult.summary()`` numbers
+    (``utilization_per_worker``, a list, is left out).
     """
     import pandas as pd
     from tqdm.auto import tqdm

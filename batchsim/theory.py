@@ -203,7 +203,7 @@ def _chain_terms(rate, service, q, a, b):
     k = np.minimum(q, b)
     rest = q - k
     s = np.asarray(service.mean_s(k), float)
-    log_fact = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + a + 1)))])
+    log_fact = _log_factorials(n + a)
     trans = np.zeros((n, n))
     idle_area = np.zeros(n)
     for i in range(n):
@@ -222,6 +222,11 @@ def _chain_terms(rate, service, q, a, b):
     pi = np.linalg.solve(system, rhs)
     area = q * s + rate * s**2 / 2 + idle_area
     return pi, area, k, k * s
+
+
+def _log_factorials(n: int) -> np.ndarray:
+    """``log(m!)`` for ``m = 0..n`` (for Poisson pmfs ``exp(m log mu - mu - log m!)``)."""
+    return np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1)))])
 
 
 def inoue_bound_s(rate_rps: float, service: AffineService) -> float:
@@ -293,7 +298,7 @@ def timeout_batching_ample_workers(rate_rps: float, service: ServiceModel,
         size_pmf = np.r_[np.zeros(b - 1), 1.0]              # P(N = n), n = 1..b
     else:
         mean = rate * wait_s
-        log_fact = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, b)))])
+        log_fact = _log_factorials(b - 1)
         m = np.arange(b)
         pmf = ((m == 0).astype(float) if mean == 0
                else np.exp(m * math.log(mean) - mean - log_fact))   # P(M = m), m < b

@@ -38,6 +38,12 @@ def _n(n) -> int:
     return _check.positive_int("n_requests", n)
 
 
+def _validate(workload: Workload, check, *names: str) -> None:
+    """Replace each field ``name`` of a frozen workload by ``check(name, value)``."""
+    for name in names:
+        object.__setattr__(workload, name, check(name, getattr(workload, name)))
+
+
 @dataclass(frozen=True)
 class Poisson(Workload):
     """Poisson arrivals: exponential gaps with mean ``1 / rate_rps``."""
@@ -45,7 +51,7 @@ class Poisson(Workload):
     rate_rps: float
 
     def __post_init__(self):
-        object.__setattr__(self, "rate_rps", _check.positive("rate_rps", self.rate_rps))
+        _validate(self, _check.positive, "rate_rps")
 
     def arrivals_s(self, n, rng):
         return np.cumsum(rng.exponential(1.0 / self.rate_rps, _n(n)))
@@ -58,7 +64,7 @@ class Constant(Workload):
     rate_rps: float
 
     def __post_init__(self):
-        object.__setattr__(self, "rate_rps", _check.positive("rate_rps", self.rate_rps))
+        _validate(self, _check.positive, "rate_rps")
 
     def arrivals_s(self, n, rng):
         return np.arange(1, _n(n) + 1) / self.rate_rps
@@ -75,8 +81,7 @@ class Gamma(Workload):
     cv: float = 1.0
 
     def __post_init__(self):
-        object.__setattr__(self, "rate_rps", _check.positive("rate_rps", self.rate_rps))
-        object.__setattr__(self, "cv", _check.positive("cv", self.cv))
+        _validate(self, _check.positive, "rate_rps", "cv")
 
     def arrivals_s(self, n, rng):
         shape = 1.0 / self.cv**2
@@ -99,16 +104,19 @@ class Bursty(Workload):
     mean_off_s: float
 
     def __post_init__(self):
-        object.__setattr__(self, "on_rate_rps", _check.positive("on_rate_rps", self.on_rate_rps))
-        object.__setattr__(self, "off_rate_rps",
-                           _check.non_negative("off_rate_rps", self.off_rate_rps))
-        object.__setattr__(self, "mean_on_s", _check.positive("mean_on_s", self.mean_on_s))
-        object.__setattr__(self, "mean_off_s", _check.positive("mean_off_s", self.mean_off_s))
+        _validate(self, _check.positive, "on_rate_rps")
+        _validate(self, _check.non_negative, "off_rate_rps")
+        _validate(self, _check.positive, "mean_on_s", "mean_off_s")
+
+    @property
+    def _on_share(self) -> float:
+        """The long-run fraction of time in the on state."""
+        return self.mean_on_s / (self.mean_on_s + self.mean_off_s)
 
     @property
     def rate_rps(self) -> float:
-        on_share = self.mean_on_s / (self.mean_on_s + self.mean_off_s)
-        return on_share * self.on_rate_rps + (1 - on_share) * self.off_rate_rps
+        share = self._on_share
+        return share * self.on_rate_rps + (1 - share) * self.off_rate_rps
 
     def _scaled(self, factor):
         return replace(self, on_rate_rps=self.on_rate_rps * factor,
@@ -116,7 +124,7 @@ class Bursty(Workload):
 
     def arrivals_s(self, n, rng):
         n = _n(n)
-        on = rng.random() < self.mean_on_s / (self.mean_on_s + self.mean_off_s)
+        on = rng.random() < self._on_share
         chunks, count, t = [], 0, 0.0
         while count < n:
             mean_s, rate = ((self.mean_on_s, self.on_rate_rps) if on
@@ -161,9 +169,7 @@ class Ramp(Workload):
     duration_s: float
 
     def __post_init__(self):
-        object.__setattr__(self, "start_rps", _check.positive("start_rps", self.start_rps))
-        object.__setattr__(self, "end_rps", _check.positive("end_rps", self.end_rps))
-        object.__setattr__(self, "duration_s", _check.positive("duration_s", self.duration_s))
+        _validate(self, _check.positive, "start_rps", "end_rps", "duration_s")
 
     @property
     def rate_rps(self) -> float:
@@ -193,12 +199,12 @@ class Diurnal(Workload):
     period_s: float = 60.0
 
     def __post_init__(self):
-        object.__setattr__(self, "rate_rps", _check.positive("rate_rps", self.rate_rps))
+        _validate(self, _check.positive, "rate_rps")
         a = _check.non_negative("amplitude", self.amplitude)
         if a > 1:
             raise ValueError(f"amplitude must be between 0 and 1, got {self.amplitude!r}")
         object.__setattr__(self, "amplitude", a)
-        object.__setattr__(self, "period_s", _check.positive("period_s", self.period_s))
+        _validate(self, _check.positive, "period_s")
 
     def rate_at(self, t_s):
         phase = 2 * math.pi * np.asarray(t_s, dtype=float) / self.period_s

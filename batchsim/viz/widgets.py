@@ -37,6 +37,24 @@ _SLIDER = {"continuous_update": False, "style": {"description_width": "initial"}
            "layout": widgets.Layout(width="320px")}
 
 
+def _n_requests(n_requests) -> int:
+    """Requests per run: ``n_requests`` checked, or by default 20,000 (4,000 in quick mode)."""
+    if n_requests is None:
+        n_requests = 4000 if quick() else 20_000
+    return _check.positive_int("n_requests", n_requests)
+
+
+def _load_and_workers(load, max_load: float, workers) -> dict:
+    """The ``load`` (fraction of a capacity, up to ``max_load``) and ``workers`` sliders."""
+    return {
+        "load": widgets.FloatSlider(value=_check.positive("load", load), min=0.05,
+                                    max=max(max_load, load), step=0.05, description="load",
+                                    **_SLIDER),
+        "workers": widgets.IntSlider(value=_check.positive_int("workers", workers), min=1,
+                                     max=max(4, workers), description="workers", **_SLIDER),
+    }
+
+
 class Dashboard:
     """Controls, one figure redrawn on every change, and a status line.
 
@@ -181,8 +199,7 @@ def basics_dashboard(service=None, n_requests=None, workload=None, seed=0,
     workload = Poisson(rate_rps=1.0) if workload is None else workload
     if not isinstance(workload, Workload):
         raise ValueError(f"workload must be a batchsim workload (Poisson, ...), got {workload!r}")
-    n = (4000 if quick() else 20_000) if n_requests is None else n_requests
-    n = _check.positive_int("n_requests", n)
+    n = _n_requests(n_requests)
     b = _check.positive_int("max_batch_size", max_batch_size)
     controls = {
         "max_batch_size": widgets.IntSlider(value=b, min=1, max=max(64, b),
@@ -191,11 +208,7 @@ def basics_dashboard(service=None, n_requests=None, workload=None, seed=0,
             value=_check.non_negative("max_wait_ms", max_wait_ms),
             min=0.0, max=max(20.0, max_wait_ms), step=0.5, description="max_wait_ms",
             **_SLIDER),
-        "load": widgets.FloatSlider(value=_check.positive("load", load), min=0.05,
-                                    max=max(1.5, load), step=0.05, description="load",
-                                    **_SLIDER),
-        "workers": widgets.IntSlider(value=_check.positive_int("workers", workers), min=1,
-                                     max=max(4, workers), description="workers", **_SLIDER),
+        **_load_and_workers(load, 1.5, workers),
     }
     return BasicsDashboard(service, workload, n, seed, service.capacity_rps(b), b, controls)
 
@@ -467,8 +480,7 @@ def tradeoff_dashboard(services=None, service=None, arrival="Poisson", n_request
     service = next(iter(services)) if service is None else service
     _check.one_of("service", service, services)
     _check.one_of("arrival", arrival, ARRIVALS)
-    n = (4000 if quick() else 20_000) if n_requests is None else n_requests
-    n = _check.positive_int("n_requests", n)
+    n = _n_requests(n_requests)
     top = FRONTIER_SIZES[-1]
     b = _check.positive_int("max_batch_size", max_batch_size)
     if b > top:
@@ -483,11 +495,7 @@ def tradeoff_dashboard(services=None, service=None, arrival="Poisson", n_request
                                             description="max_batch_size", **_SLIDER),
         "max_wait_ms": widgets.FloatSlider(value=wait, min=0.0, max=max(20.0, wait), step=0.05,
                                            description="max_wait_ms", **_SLIDER),
-        "load": widgets.FloatSlider(value=_check.positive("load", load), min=0.05,
-                                    max=max(1.2, load), step=0.05, description="load",
-                                    **_SLIDER),
-        "workers": widgets.IntSlider(value=_check.positive_int("workers", workers), min=1,
-                                     max=max(4, workers), description="workers", **_SLIDER),
+        **_load_and_workers(load, 1.2, workers),
         "slo_ms": widgets.FloatLogSlider(value=slo, base=10, min=-1, max=3, step=0.05,
                                          readout_format=".3g", description="slo_ms (p99)",
                                          **_SLIDER),
