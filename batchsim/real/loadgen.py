@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import numbers
 import time
 from collections import deque
 
@@ -62,12 +61,9 @@ def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
         raise ValueError(f"workload must be a batchsim workload, got {workload!r}")
     n = _check.positive_int("n_requests", n_requests)
     burst = _check.positive_int("max_burst", max_burst)
-    if not isinstance(seed, np.random.SeedSequence) and (
-            isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
-        raise ValueError(f"seed must be an integer >= 0 or a SeedSequence, got {seed!r}")
+    arrival_rng, _ = streams(seed)  # checks the seed before anything starts
     server = _server(target, policy, workers, device, poll_ms)
     rows = _rows(server, inputs)
-    arrival_rng, _ = streams(seed)
     scheduled_s = np.asarray(workload.arrivals_s(n, arrival_rng), float)
 
     async def replay():

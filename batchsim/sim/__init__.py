@@ -9,8 +9,6 @@ happens, so ``import batchsim`` stays light.
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
 from .. import _check
@@ -46,9 +44,6 @@ def simulate(workload: Workload, policy: BatchPolicy, service: ServiceModel,
                          f"got None")
     workers = _check.positive_int("workers", workers)
     _check.one_of("engine", engine, ENGINES)
-    if not isinstance(seed, np.random.SeedSequence) and (
-            isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
-        raise ValueError(f"seed must be an integer >= 0 or a SeedSequence, got {seed!r}")
 
     arrival_rng, service_rng = streams(seed)
     arrival_s = np.ascontiguousarray(workload.arrivals_s(n_requests, arrival_rng), dtype=float)
