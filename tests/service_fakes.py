@@ -1,4 +1,7 @@
-"""Service models made for tests: they misbehave in ways a dashboard must show, not hide."""
+"""Models made for tests: a service model that misbehaves in ways a dashboard must show,
+and a "real" model whose cost is known exactly."""
+
+import time
 
 import numpy as np
 
@@ -15,3 +18,20 @@ class MeasuredUpTo8(ServiceModel):
         if b.max() > 8:
             raise ValueError(f"batch_size must be at most 8 for this profile, got {b.max():g}")
         return 1.0 + 0.5 * b
+
+
+def sleeping_model(base_ms: float, per_item_ms: float, name: str = "sleeping_model"):
+    """A model function, called ``name``, that sleeps ``base_ms`` a batch plus
+    ``per_item_ms`` a request and returns its input: a known cost that releases the GIL,
+    as a GPU model does."""
+    import torch
+
+    from batchsim.real import InputSpec
+
+    def model(x):
+        time.sleep((base_ms + per_item_ms * len(x)) / 1000)
+        return x
+
+    model.__name__ = model.__qualname__ = name
+    model.input_spec = InputSpec((4,), torch.float32)
+    return model

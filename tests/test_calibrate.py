@@ -2,17 +2,15 @@
 model whose cost is known."""
 
 import math
-import time
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from service_fakes import sleeping_model
 
 import batchsim as bs
 from batchsim.calibrate import compare
-from batchsim.real import InputSpec
 from batchsim.result import RunRecorder
 from batchsim.service import BatcherCosts, CalibratedService
 
@@ -260,13 +258,7 @@ def test_compare_skips_requests_either_run_lost_and_refuses_other_lengths():
 BASE_MS, PER_ITEM_MS = 2.0, 0.25
 
 
-def known_cost(x):
-    """Sleeps 2 ms a batch and 0.25 ms a request (the GIL released, as a GPU model)."""
-    time.sleep((BASE_MS + PER_ITEM_MS * len(x)) / 1000)
-    return x
-
-
-known_cost.input_spec = InputSpec((4,), torch.float32)
+known_cost = sleeping_model(BASE_MS, PER_ITEM_MS, name="known_cost")
 
 
 @pytest.fixture(scope="module")

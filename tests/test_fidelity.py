@@ -16,25 +16,18 @@ as they do for real models. Real runs on a shared machine are noisy; the bounds 
 Throughput must agree within 2%: both runs serve the same open-loop arrivals.
 """
 
-import time
 
 import numpy as np
 import pytest
-import torch
+from service_fakes import sleeping_model
 
 import batchsim as bs
 from batchsim.calibrate import fidelity, run_pair
-from batchsim.real import InputSpec
 
 BLOCKS = 10
 
 
-def sleepy(x):
-    time.sleep((1.0 + 0.1 * len(x)) / 1000)
-    return x
-
-
-sleepy.input_spec = InputSpec((4,), torch.float32)
+sleepy = sleeping_model(1.0, 0.1)
 
 
 @pytest.fixture(scope="module")
