@@ -18,8 +18,11 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,dask,e2e]"
 	touch $(STAMP)
 
+# JupyterLab refuses to run as root unless told: containers often are root.
+ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: $(STAMP)
-	$(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
+	$(BIN)/jupyter lab --notebook-dir=notebooks $(ROOT_ARGS) $(LAB_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check batchsim tests bench e2e
