@@ -38,6 +38,8 @@ from ..result import COMPLETED, EXPIRED, REJECTED, RunResult
 
 #: Served requests the full-queue loop keeps at the front of its list before dropping them.
 _SERVED_KEPT = 65536
+#: Elements per step of a vectorised precompute (see ``_blockwise``).
+_BLOCK = 8192
 
 
 def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarray,
@@ -92,18 +94,42 @@ class _Loop:
         self.rejected = []               # (first request index, end index)
         # Can the queue ever hold max_batch_size, or are arrivals turned away before?
         self.fills = not rule.rejects(policy, policy.max_batch_size - 1)
-        self._trigger_s = None           # made on first use, kept for the run
+        self._trigger_s = self._danger_s = None      # made on first use, kept for the run
 
     def trigger_s(self) -> memoryview:
         """When the batch headed by each arrival would leave if a worker were free (while
         nobody is turned away: the next ``max_batch_size - 1`` arrivals all join)."""
         if self._trigger_s is None:
-            a, max_b = self.arrival_s, self.policy.max_batch_size
-            full_s = (np.concatenate((a[max_b - 1:], np.full(min(max_b - 1, a.size), math.inf)))
-                      if self.fills else math.inf)
-            self._trigger_s = memoryview(rule.dispatch_time_s(self.policy, -math.inf, a,
-                                                              full_s, a[-1]))
+            a, policy, max_b = self.arrival_s, self.policy, self.policy.max_batch_size
+            close_s = a[-1]
+            self._trigger_s = memoryview(_blockwise(a.size, lambda i, j: rule.dispatch_time_s(
+                policy, -math.inf, a[i:j], _later(a, i, j, max_b - 1) if self.fills else math.inf,
+                close_s)))
         return self._trigger_s
+
+    def danger_s(self) -> memoryview:
+        """From when a decision about the batch headed by each arrival may turn someone
+        away or find the head expired (while nobody is turned away); before it, neither can
+        happen, and the loop skips counting the waiting and asking the rule.
+
+        A rejection needs the arrival ``reject_at`` places behind the head to have come;
+        an expiry needs more than ``timeout_s`` since the head's arrival: ``now - a > T``
+        in floating point implies ``now > a + T`` exactly (``T`` is a double), hence
+        ``now >= fl(a + T)``, the double nearest ``a + T`` (none lies between them).
+        """
+        if self._danger_s is None:
+            a, policy = self.arrival_s, self.policy
+            if self.timeout:
+                danger_s = a + policy.timeout_s
+            else:
+                danger_s = np.full(a.size, math.inf)
+            if self.bounded:
+                reject_at = bisect_left(range(policy.max_queue_size + 1), True,
+                                        key=lambda n_waiting: rule.rejects(policy, n_waiting))
+                m = max(a.size - reject_at, 0)
+                np.minimum(danger_s[:m], a[reject_at:], out=danger_s[:m])
+            self._danger_s = memoryview(danger_s)
+        return self._danger_s
 
     def open_queue(self, h: int) -> int:
         """Run while nobody is turned away, from an empty queue headed by arrival ``h``.
@@ -114,6 +140,7 @@ class _Loop:
         policy, a, bt, jit = self.policy, memoryview(self.arrival_s), self.bt, self.jit
         n, max_b = len(a), policy.max_batch_size
         trigger_s = self.trigger_s()
+        danger_s = self.danger_s() if self.sized else None
         free_at, many = self.free_at, len(self.free_at) > 1
         bounded, timeout, exact = self.bounded, self.timeout, self.sized
         put_start, put_head = self.start_s.append, self.head.append
@@ -130,9 +157,9 @@ class _Loop:
             t = trigger_s[h]             # becomes the decision instant:
             if t < free_s:               # not before a worker is free
                 t = free_s
-            if exact:                    # count everyone waiting: rejections, expiries
-                end = h + max_b          # (a batch's worth first, the rest only if needed)
-                if end < n and a[end - 1] <= t:
+            if exact and t >= danger_s[h]:   # someone may be turned away or expire: count
+                end = h + max_b              # everyone waiting (a batch's worth first, the
+                if end < n and a[end - 1] <= t:       # rest only if needed)
                     count = bisect_right(a, t, end)
                 else:
                     count = bisect_right(a, t, h, end if end < n else n)
@@ -144,12 +171,13 @@ class _Loop:
                     if h == count:
                         continue
                 end = h + rule.batch_size(policy, count - h)
+            else:   # the batch: the first min(waiting, max_batch_size), found by a bounded search
+                now_s, oldest = t, h
+                end = bisect_right(a, t, h, h + max_b if h <= last_full else n)
+            if exact:
                 put_size(end - h)
                 if timeout:
                     put_oldest(oldest - offset)
-            else:   # the batch: the first min(waiting, max_batch_size), found by a bounded search
-                now_s = t
-                end = bisect_right(a, t, h, h + max_b if h <= last_full else n)
             if jit is None:
                 service_s = bt[end - h]
             else:
@@ -285,6 +313,23 @@ def _awake_loop(arrival_s, policy, batch_time_s, jitter, workers, costs):
         log.head.append(h)
         h, k = end, k + 1
     return log, ends
+
+
+def _blockwise(n: int, block) -> np.ndarray:
+    """``block(i, j)`` for the elements ``[i, j)`` of an ``n``-array, a few thousand at a
+    time: the temporaries stay small (in cache, no fresh pages to fault in)."""
+    out = np.empty(n)
+    for i in range(0, n, _BLOCK):
+        j = min(i + _BLOCK, n)
+        out[i:j] = block(i, j)
+    return out
+
+
+def _later(a: np.ndarray, i: int, j: int, k: int) -> np.ndarray:
+    """``a[i + k:j + k]``, padded with ``inf`` past the end of ``a``."""
+    later = a[i + k:j + k]
+    return later if later.size == j - i else np.concatenate(
+        (later, np.full(j - i - later.size, math.inf)))
 
 
 def _admitted(policy, waiting: int, arriving: int) -> int:
