@@ -29,7 +29,6 @@ The module is callable: ``batchsim.calibrate(model)`` is ``batchsim.calibrate.ca
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import itertools
 import math
 import sys
@@ -41,6 +40,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from . import _check
+from ._aio import run_to_completion
 from .policy import BatchPolicy
 from .result import COMPLETED, RunResult
 from .service import BatcherCosts, CalibratedService, ServiceModel
@@ -336,7 +336,7 @@ def timer_lateness_ms(n: int = 300, seed: int = 0, max_delay_ms: float = 3.0) ->
             late[i] = 1e3 * (await fired - t0) - d_ms
         return late
 
-    return np.column_stack([delays_ms, _run_async(probe)])
+    return np.column_stack([delays_ms, run_to_completion(probe)])
 
 
 def _timer(n: int, seed: int) -> tuple[float, float, dict]:
@@ -362,16 +362,6 @@ def _timer(n: int, seed: int) -> tuple[float, float, dict]:
     spread, g, latency = best
     return g, max(latency, 0.0), {"n": n, "lateness_ms_median": float(np.median(late_ms)),
                                   "residual_mad_ms": spread}
-
-
-def _run_async(coro_fn):
-    """Run ``coro_fn()`` to completion, on a helper thread if a loop runs here (Jupyter)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro_fn())
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro_fn()).result()
 
 
 # -- comparison -----------------------------------------------------------------------

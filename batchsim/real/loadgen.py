@@ -26,7 +26,6 @@ run their own loop on a helper thread.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import time
 from collections import deque
 
@@ -35,6 +34,7 @@ import torch
 
 from .. import _check
 from .. import policy as rule
+from .._aio import run_to_completion
 from ..policy import BatchPolicy
 from ..result import RunResult
 from ..seeding import streams
@@ -88,7 +88,7 @@ def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
         _release(pending)
         return server.result()
 
-    res = _run(replay)
+    res = run_to_completion(replay)
     late_ms = 1000.0 * (res.arrival_s - scheduled_s)
     res.meta.update(harness="open loop", workload=repr(workload), seed=seed,
                     scheduled_s=scheduled_s,
@@ -132,7 +132,7 @@ def run_saturated(target, n_requests: int, policy: BatchPolicy | None = None, *,
         _release(pending)
         return server.result()
 
-    res = _run(saturate)
+    res = run_to_completion(saturate)
     res.meta.update(harness="saturated", window=window)
     return res
 
@@ -147,16 +147,6 @@ def _release(pending: deque) -> None:
     """Drop finished futures from the front, so finished outputs are not kept alive."""
     while pending and pending[0].done():
         _settle(pending.popleft())
-
-
-def _run(make_coro):
-    """Run ``make_coro()`` to completion, on a helper thread if a loop is running here."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make_coro())
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, make_coro()).result()
 
 
 def _rows(server, inputs) -> list:
