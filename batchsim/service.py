@@ -220,9 +220,14 @@ class BatcherCosts:
         return end_s
 
     def timer_fire_s(self, armed_s: float, due_s: float) -> float:
-        """When a timer due at ``due_s``, armed as the loop slept at ``armed_s``, fires."""
+        """When a timer due at ``due_s``, armed as the loop slept at ``armed_s``, fires.
+
+        A timer already due then fires at once: the loop does not go to sleep at all.
+        """
         if math.isinf(due_s):
             return math.inf
+        if due_s <= armed_s:
+            return armed_s
         g = self.timer_resolution_ms / 1000.0
         fire_s = max(armed_s + g * math.ceil((due_s - armed_s) / g), due_s) if g > 0 else due_s
         return fire_s + self.timer_latency_ms / 1000.0

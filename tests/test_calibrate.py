@@ -206,6 +206,87 @@ def test_release_react_and_wake_by_hand():
         assert res.latency_s == pytest.approx([1.4 * MS, 2.7 * MS])
 
 
+
+# -- a load generator on the batcher's event loop (sender="loop") ------------------------
+
+
+@pytest.mark.parametrize("max_b, max_wait_ms", [(1, 0.0), (8, 0.0), (8, 1.0), (8, math.inf)])
+def test_a_sender_on_an_ideal_loop_changes_nothing(max_b, max_wait_ms):
+    """With no loop costs every request reaches the batcher when it is sent and the run
+    is the plain rule's (random instants: no two events tie)."""
+    model = bs.AffineService(0.5, 0.1)
+    policy = bs.BatchPolicy(max_b, max_wait_ms)
+    plain = bs.simulate(bs.Poisson(3000.0), policy, model, 2000, seed=3)
+    sent = bs.simulate(bs.Poisson(3000.0), policy, CalibratedService(model), 2000, seed=3,
+                       sender="loop")
+    np.testing.assert_array_equal(sent.arrival_s, plain.arrival_s)
+    np.testing.assert_array_equal(sent.meta["sent_s"], plain.arrival_s)
+    np.testing.assert_array_equal(sent.size, plain.size)
+    np.testing.assert_array_equal(sent.trigger, plain.trigger)
+    np.testing.assert_allclose(sent.finish_s, plain.finish_s, atol=1e-12, rtol=0)
+
+
+def test_a_sender_on_the_loop_by_hand():
+    """Greedy, 0.5 ms a batch; timers on a 1 ms grid and 0.1 ms late; react 0.01 ms,
+    release 0.05 ms. The loop sleeps from 0: the send due at 0.3 ms wakes it at 1.1 ms,
+    the generator sends at 1.11 ms, the decision comes at 1.12 ms. The loop sleeps again
+    at 1.12 ms with the send due at 1.115 ms already due: it does not sleep, and that
+    request reaches the batcher at 1.13 ms, the worker busy. The one due at 1.5 ms would
+    wake it at 2.22 ms, but the release at 1.62 + 0.05 ms comes first: the worker takes
+    the request waiting, then the generator sends the due one at 1.68 ms, which waits
+    for the release of 2.17 + 0.05 ms."""
+    costs = BatcherCosts(react_ms=0.01, release_ms=0.05, timer_resolution_ms=1.0,
+                         timer_latency_ms=0.1)
+    svc = CalibratedService(bs.AffineService(0.5, 0.0), costs=costs)
+    res = bs.simulate(bs.Trace([0.3 * MS, 1.115 * MS, 1.5 * MS]), bs.BatchPolicy(1, 0.0),
+                      svc, sender="loop")
+    assert res.arrival_s == pytest.approx([1.11 * MS, 1.13 * MS, 1.68 * MS])
+    assert res.start_s == pytest.approx([1.12 * MS, 1.67 * MS, 2.22 * MS])
+    assert res.end_s == pytest.approx([1.62 * MS, 2.17 * MS, 2.72 * MS])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workload=workloads, costs=costs_st, max_b=st.integers(1, 12),
+       max_wait_ms=st.sampled_from([0.0, 0.5, 2.5, math.inf]), n=st.integers(1, 200),
+       seed=st.integers(0, 2**32))
+def test_a_sender_on_the_loop_serves_everyone_by_the_rule(workload, costs, max_b,
+                                                          max_wait_ms, n, seed):
+    """Whatever the costs: every request reaches the batcher no earlier than it was sent,
+    in order; a batch holds only requests already there, at most max_batch_size, and
+    never all of them while a trigger is unmet; the one worker runs one batch at a time."""
+    svc = CalibratedService(bs.AffineService(0.4, 0.05), 0.05, 0.01, (0.5, 1.0, 2.0), costs)
+    policy = bs.BatchPolicy(max_b, max_wait_ms)
+    n = None if isinstance(workload, bs.Trace) else n
+    res = bs.simulate(workload, policy, svc, n, seed=seed, sender="loop")
+    sent, got = res.meta["sent_s"], res.arrival_s
+    assert (res.status == bs.COMPLETED).all()
+    assert (got >= sent).all() and (np.diff(got) >= 0).all()
+    assert (res.dispatch_s >= got).all()
+    assert (res.size <= max_b).all()
+    assert (res.start_s[1:] >= res.end_s[:-1]).all()
+    waiting = np.searchsorted(got, res.start_s, "right") - np.r_[0, np.cumsum(res.size)[:-1]]
+    heads = np.r_[0, np.cumsum(res.size)[:-1]]
+    on_time = bs.policy.dispatch_time_s(policy, res.start_s, got[heads], np.where(
+        waiting >= max_b, got[np.minimum(heads + max_b - 1, got.size - 1)], np.inf),
+        got[-1]) <= res.start_s
+    assert on_time.all()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"service": bs.AffineService(0.5, 0.1)}, "sender='loop' needs a calibrated service"),
+    ({"engine": "simpy"}, "engine='simpy'"),
+    ({"workers": 2}, "workers=2"),
+    ({"policy": bs.BatchPolicy(4, 1.0, max_queue_size=8)}, "max_queue_size"),
+    ({"sender": "thread"}, "sender"),
+])
+def test_a_sender_on_the_loop_refuses_what_it_does_not_model(kwargs, match):
+    args = {"workload": bs.Poisson(2000.0), "policy": bs.BatchPolicy(4, 1.0),
+            "service": CalibratedService(bs.AffineService(0.5, 0.1)), "n_requests": 50,
+            "sender": "loop", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        bs.simulate(**args)
+
+
 # -- compare ----------------------------------------------------------------------------
 
 

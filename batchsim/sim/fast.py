@@ -43,8 +43,13 @@ _BLOCK = 8192
 
 
 def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarray,
-        jitter: np.ndarray | None, workers: int, costs=None) -> RunResult:
+        jitter: np.ndarray | None, workers: int, costs=None, sender=None) -> RunResult:
     """Simulate the rule on the given arrivals (same contract as ``des.run``).
+
+    ``sender="loop"`` (with ``costs``): ``arrival_s`` are the instants a load generator
+    on the batcher's own event loop is due to send the requests, and each reaches the
+    batcher when the loop next wakes for it (``_sender_loop``); the result's arrivals
+    are those instants, ``meta["sent_s"]`` the given ones.
 
     Raises NotImplementedError when a batch's service time vanishes next to its start
     time in floating point (``start + s == start``): the SimPy engine then orders the
@@ -52,8 +57,11 @@ def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarra
     and with ``costs`` for several workers, ``max_queue_size`` or ``timeout_ms``.
     """
     if costs is not None:
-        log, end_s = _awake_loop(arrival_s, policy, batch_time_s, jitter, workers, costs)
-        res = _assemble(arrival_s, policy, batch_time_s, jitter, workers, log)
+        loop = _sender_loop if sender == "loop" else _awake_loop
+        received_s, log, end_s = loop(arrival_s, policy, batch_time_s, jitter, workers, costs)
+        res = _assemble(received_s, policy, batch_time_s, jitter, workers, log)
+        if sender == "loop":
+            res.meta["sent_s"] = arrival_s
         res.end_s = np.asarray(end_s)        # arrivals during a batch may have delayed it
         res.finish_s = np.where(res.batch_id >= 0, res.end_s[res.batch_id], np.nan)
         return res
@@ -312,7 +320,75 @@ def _awake_loop(arrival_s, policy, batch_time_s, jitter, workers, costs):
         log.start_s.append(t)
         log.head.append(h)
         h, k = end, k + 1
-    return log, ends
+    return arrival_s, log, ends
+
+
+def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs):
+    """Like ``_awake_loop``, but the requests come from a load generator on the batcher's
+    event loop (as ``run_load`` sends them): when each reaches the batcher, the log and
+    the batches' end times.
+
+    The generator sleeps on the loop's timer until its next request is due. The loop,
+    asleep since ``sleep``, wakes at the first of: its timer (``costs.timer_fire_s`` from
+    ``sleep`` to the next request's due instant or, with the worker free and requests
+    waiting, the rule's instant for the head) and the worker's release (``release``
+    after its batch ends; a wake-up after the end and before it takes the release in
+    too). Awake at ``t``, it frees the worker and decides; then, if a request is due, the
+    generator resumes one step later, at ``t + react``, and sends every request due by
+    then -- they reach the batcher at that instant -- and the decision it asks for comes
+    ``react`` later still; then the loop sleeps. Arrivals during a batch (the due
+    instants) delay it by ``arrival_ms`` each (``costs.end_s``). One worker, nobody
+    turned away.
+    """
+    if workers > 1 or policy.max_queue_size is not None or policy.timeout_ms is not None:
+        raise NotImplementedError("a sender on the loop is simulated for one worker without "
+                                  "max_queue_size or timeout_ms")
+    x, n, max_b = sent_s.tolist(), sent_s.size, policy.max_batch_size
+    received = np.empty(n)
+    react, release = costs.react_s, costs.release_s(np.arange(max_b + 1)).tolist()
+    bt, jit = batch_time_s.tolist(), None if jitter is None else jitter.tolist()
+    log = _Loop(received, policy, batch_time_s, jitter, workers)
+    ends = []
+    sent = h = 0                 # requests sent so far; the first waiting one
+    busy, free_s, sleep_s, close_s = False, -math.inf, min(0.0, x[0]), math.inf
+    released_s = math.inf        # when the batch in flight releases its worker
+
+    def decide(now_s):
+        nonlocal h, busy, released_s
+        if busy or h == sent:
+            return
+        full_s = received[h + max_b - 1] if sent - h >= max_b else math.inf
+        if rule.dispatch_time_s(policy, now_s, received[h], full_s, close_s) > now_s:
+            return
+        b = min(sent - h, max_b)
+        service_s = bt[b] if jit is None else bt[b] * jit[len(ends)]
+        ends.append(costs.end_s(now_s, service_s, x, now_s - free_s))
+        log.start_s.append(now_s)
+        log.head.append(h)
+        h, busy, released_s = h + b, True, ends[-1] + release[b]
+
+    while h < n:
+        due_s = x[sent] if sent < n else math.inf
+        if not busy and h < sent:
+            full_s = received[h + max_b - 1] if sent - h >= max_b else math.inf
+            due_s = min(due_s, rule.dispatch_time_s(policy, -math.inf, received[h], full_s,
+                                                    close_s))
+        t = max(min(costs.timer_fire_s(sleep_s, due_s), released_s), sleep_s)
+        if busy and ends[-1] <= t:
+            busy, free_s, released_s = False, t, math.inf
+        decide(t)
+        if sent < n and x[sent] <= t:
+            t += react
+            first = sent
+            while sent < n and x[sent] <= t:
+                sent += 1
+            received[first:sent] = t
+            if sent == n:
+                close_s = t       # the generator closes the batcher after its last send
+            t += react
+            decide(t)
+        sleep_s = t
+    return received, log, ends
 
 
 def _blockwise(n: int, block) -> np.ndarray:
