@@ -34,6 +34,7 @@ import math
 import sys
 import time
 import types
+import warnings
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -121,8 +122,32 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
         "calibration_policies": [str(r.meta["policy"]) for r in runs],
         "saturated_rps": runs[0].meta["saturated_rps"], "timer_fit": timer_fit,
     }
-    return CalibratedService(profile, worker["per_batch_ms"], worker["per_item_ms"],
-                             worker["jitter_quantiles"], costs, metadata)
+    service = CalibratedService(profile, worker["per_batch_ms"], worker["per_item_ms"],
+                                worker["jitter_quantiles"], costs, metadata)
+    service.metadata["capacity_ratio"] = capacity_check(service, max_b,
+                                                        metadata["saturated_rps"])
+    return service
+
+
+#: ``calibrate`` warns when its model's capacity is off the measured one by this factor.
+CAPACITY_TOLERANCE = 1.5
+
+
+def capacity_check(service: CalibratedService, max_batch_size: int,
+                   measured_rps: float) -> float:
+    """The model's capacity at ``max_batch_size`` over the saturated throughput measured
+    on the real batcher; a warning (``RuntimeWarning``) when it is off by more than
+    ``CAPACITY_TOLERANCE``: the calibration then misses how the batcher spends its time
+    at full load (on a GPU, say, the event loop rather than the model may be the limit),
+    and predictions near saturation will be wrong."""
+    ratio = service.capacity_rps(max_batch_size) / measured_rps
+    if not 1 / CAPACITY_TOLERANCE <= ratio <= CAPACITY_TOLERANCE:
+        warnings.warn(f"the calibrated model serves {ratio:.2f}x the saturated throughput "
+                      f"measured at max_batch_size={max_batch_size} "
+                      f"({measured_rps:,.0f} requests/s): it misses how the batcher spends "
+                      f"its time at full load; expect errors near saturation",
+                      RuntimeWarning, stacklevel=3)
+    return ratio
 
 
 #: Rates of the calibration runs, as fractions of the batcher's saturated throughput.

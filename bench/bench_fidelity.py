@@ -94,8 +94,9 @@ def main() -> None:
           f" react {costs.react_ms:.3f} ms, release {costs.release_ms:.3f} ms, timer "
           f"{costs.timer_resolution_ms:.2f} ms grid +{costs.timer_latency_ms:.3f} ms, "
           f"{costs.arrival_ms:.4f} ms per arrival, wake-up after idle "
-          f"{dict(zip(np.round(costs.idle_ms, 3), np.round(costs.wake_ms, 3), strict=True))}",
-          flush=True)
+          f"{dict(zip(np.round(costs.idle_ms, 3), np.round(costs.wake_ms, 3), strict=True))}; "
+          f"capacity {service.metadata['capacity_ratio']:.2f}x the measured saturated "
+          f"throughput", flush=True)
 
     report = {"model": model.zoo_name, "device": service.metadata.get("device"),
               "dtype": str(model.input_spec.dtype).removeprefix("torch."),

@@ -2,6 +2,7 @@
 model whose cost is known."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 from service_fakes import sleeping_model
 
 import batchsim as bs
-from batchsim.calibrate import compare
+from batchsim.calibrate import CAPACITY_TOLERANCE, capacity_check, compare
 from batchsim.result import RunRecorder
 from batchsim.service import BatcherCosts, CalibratedService
 
@@ -364,6 +365,19 @@ def test_calibration_recovers_the_injected_cost(calibrated):
     c = calibrated.costs
     assert 0 < c.react_ms < 1.0 and c.release_ms < 1.0
     assert calibrated.metadata["batches"] > 50
+    # Its capacity agrees with the saturated run it measured (calibrate warns if not).
+    ratio = calibrated.metadata["capacity_ratio"]
+    assert 1 / CAPACITY_TOLERANCE <= ratio <= CAPACITY_TOLERANCE, ratio
+
+
+def test_capacity_check_warns_when_the_model_misses_the_measured_capacity():
+    service = CalibratedService(bs.AffineService(1.0, 0.0))      # 4 requests a ms at b=4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert capacity_check(service, 4, 4000.0) == pytest.approx(1.0)
+    for measured_rps, ratio in ((2000.0, "2.00x"), (10000.0, "0.40x")):
+        with pytest.warns(RuntimeWarning, match=f"serves {ratio} the saturated throughput"):
+            capacity_check(service, 4, measured_rps)
 
 
 def test_calibrate_takes_a_batcher_and_refuses_bad_arguments():
