@@ -7,8 +7,9 @@ serving ``model`` and returns a ``CalibratedService`` that ``simulate`` accepts:
 * from open-loop runs of the real batcher (Poisson at 2% to 40% of its saturated
   throughput, under a policy that waits for batches to fill and a greedy one), batch by
   batch: the worker's cost around the model per batch and per request, the slower start
-  of a worker that sat idle (a table over the idle time), the delay each arrival during
-  a batch causes it (the event loop's work for it needs the GIL), the spread of it all;
+  of a worker that sat idle (a table over the idle time), the delay each request sent
+  during a batch causes it (the event loop's work for it needs the GIL), the spread of
+  it all;
   the release (from a batch's end to its worker taking the next, which was already
   due); the reaction (from an arrival to the batch it starts on an idle worker);
 * the timer: when asyncio wakes for a timer (``loop.call_later``), fitted to
@@ -162,10 +163,11 @@ IDLE_EDGES_MS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, math.inf)
 def _worker_fit(runs, profile, release: BatcherCosts, min_batches: int = 10) -> dict:
     """The worker's time beyond the model's ``s(b)``, by regression over the batches.
 
-    ``worker - s(b) = wake(idle) + per_item * b + arrival * (arrivals during it)``, with
-    ``wake`` one level per bin of idle time (bins with fewer than ``min_batches`` merged
-    into a neighbour); the least idle level is the fixed cost per batch, the others'
-    excess over it the wake-up table. The spread: each batch's time over its prediction.
+    ``worker - s(b) = wake(idle) + per_item * b + arrival * (requests sent during it)``,
+    with ``wake`` one level per bin of idle time (bins with fewer than ``min_batches``
+    merged into a neighbour); the least idle level is the fixed cost per batch, the
+    others' excess over it the wake-up table. The spread: each batch's time over its
+    prediction.
     """
     b, y, during, idle = [], [], [], []
     for res in runs:
@@ -173,7 +175,7 @@ def _worker_fit(runs, profile, release: BatcherCosts, min_batches: int = 10) -> 
         free_s = np.r_[-np.inf, res.end_s[:-1] + release.release_s(res.size[:-1])]
         b.append(res.size[keep])
         y.append(1e3 * (res.end_s - res.start_s)[keep])
-        during.append(_arrivals_during(res)[keep])
+        during.append(_sent_during(res)[keep])
         idle.append(1e3 * np.maximum(res.start_s - free_s, 0.0)[keep])
     b, worker_ms, during, idle = (np.concatenate(v) for v in (b, y, during, idle))
     y = worker_ms - profile.mean_ms(b)
@@ -261,9 +263,14 @@ def _calibration_runs(model, max_b, n, duration_s, device, spec, seed) -> list[R
     return runs
 
 
-def _arrivals_during(res: RunResult) -> np.ndarray:
-    """Per batch, the arrivals strictly between its start and its end."""
-    a = res.arrival_s
+def _sent_during(res: RunResult) -> np.ndarray:
+    """Per batch, the requests the load generator was due to send strictly between its
+    start and its end (by its schedule, ``meta["scheduled_s"]``). That is what the
+    simulator counts for a batch when it models the sender (``simulate(...,
+    sender="loop")``), so the cost per request is fitted on the same count; fitted on
+    the arrivals the batcher recorded instead, it predicted worse (the tiny CNN's p50
+    error over ``bench/bench_fidelity.py``'s grid: 13.7% against 2.9%)."""
+    a = res.meta["scheduled_s"]
     return np.searchsorted(a, res.end_s, "left") - np.searchsorted(a, res.start_s, "right")
 
 
