@@ -8,7 +8,11 @@
 #          after it started;
 #   profiles (only with BATCHSIM_GPU_PROFILES=1, about 2 more minutes, outside HARD_S):
 #          end-to-end profiles of the zoo at float32 and bfloat16 and the compute-only s(b)
-#          next to the H200 reference.
+#          next to the H200 reference;
+#   fidelity (only with BATCHSIM_GPU_FIDELITY=1, about 100 s more, outside HARD_S): the
+#          simulator calibrated on the encoder and the CNN at bfloat16 against the real
+#          batcher, quick grid, Poisson and bursts -> $OUT/fidelity_<model>_bfloat16.json,
+#          (bench_fidelity.py; the fast engine simulates, so SimPy need not be there).
 # Each part is its own process under its own time limit, and every JSON is written as soon as
 # its numbers exist, so a failure or a timeout keeps everything measured before it. A CUDA
 # graph capture that fails falls back to the eager model and is reported in the JSON and log.
@@ -52,5 +56,20 @@ if [ "${BATCHSIM_GPU_PROFILES:-0}" = 1 ]; then
     timeout -k 5 130 "$PYTHON" bench/bench_gpu.py profiles --out-dir "$OUT" "${DRY[@]}" \
         2>&1 | tee "$OUT/profiles.log"
     echo "profiles exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+fi
+
+if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then
+    echo "== fidelity: the calibrated simulator against the real batcher =="
+    if [ -n "${BATCHSIM_GPU_DRY:-}" ]; then
+        dtype=float32 FID=(--device cpu --size tiny --duration-s 0.05)
+    else
+        dtype=bfloat16 FID=(--device cuda --size default)
+    fi
+    for model in encoder cnn; do
+        timeout -k 5 70 "$PYTHON" bench/bench_fidelity.py --model "$model" --quick \
+            --dtype "$dtype" --workloads poisson,bursty "${FID[@]}" \
+            --out "$OUT/fidelity_${model}_${dtype}.json" 2>&1 | tee "$OUT/fidelity_${model}.log"
+        echo "fidelity $model exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+    done
 fi
 ls -l "$OUT"
