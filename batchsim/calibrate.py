@@ -268,8 +268,8 @@ def _sent_during(res: RunResult) -> np.ndarray:
     start and its end (by its schedule, ``meta["scheduled_s"]``). That is what the
     simulator counts for a batch when it models the sender (``simulate(...,
     sender="loop")``), so the cost per request is fitted on the same count; fitted on
-    the arrivals the batcher recorded instead, it predicted worse (the tiny CNN's p50
-    error over ``bench/bench_fidelity.py``'s grid: 13.7% against 2.9%)."""
+    the arrivals the batcher recorded instead, it predicted the tiny CNN's p50 several
+    times worse over ``bench/bench_fidelity.py``'s grid."""
     a = res.meta["scheduled_s"]
     return np.searchsorted(a, res.end_s, "left") - np.searchsorted(a, res.start_s, "right")
 
