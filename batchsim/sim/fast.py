@@ -350,38 +350,36 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs):
     log = _Loop(received, policy, batch_time_s, jitter, workers)
     ends = []
     sent = h = 0                 # requests sent so far; the first waiting one
-    busy, free_s, sleep_s, close_s = False, -math.inf, min(0.0, x[0]), math.inf
-    released_s = math.inf        # when the batch in flight releases its worker
+    free_s, sleep_s, close_s = -math.inf, min(0.0, x[0]), math.inf
+    released_s = math.inf        # when the batch in flight releases its worker (none: inf)
+
+    def head_due_s(now_s):
+        """The rule's instant for the batch headed by the first waiting request."""
+        full_s = received[h + max_b - 1] if sent - h >= max_b else math.inf
+        return rule.dispatch_time_s(policy, now_s, received[h], full_s, close_s)
 
     def decide(now_s):
-        nonlocal h, busy, released_s
-        if busy or h == sent:
-            return
-        full_s = received[h + max_b - 1] if sent - h >= max_b else math.inf
-        if rule.dispatch_time_s(policy, now_s, received[h], full_s, close_s) > now_s:
+        nonlocal h, released_s
+        if released_s < math.inf or h == sent or head_due_s(now_s) > now_s:
             return
         b = min(sent - h, max_b)
         service_s = bt[b] if jit is None else bt[b] * jit[len(ends)]
         ends.append(costs.end_s(now_s, service_s, x, now_s - free_s))
         log.start_s.append(now_s)
         log.head.append(h)
-        h, busy, released_s = h + b, True, ends[-1] + release[b]
+        h, released_s = h + b, ends[-1] + release[b]
 
     while h < n:
         due_s = x[sent] if sent < n else math.inf
-        if not busy and h < sent:
-            full_s = received[h + max_b - 1] if sent - h >= max_b else math.inf
-            due_s = min(due_s, rule.dispatch_time_s(policy, -math.inf, received[h], full_s,
-                                                    close_s))
+        if released_s == math.inf and h < sent:
+            due_s = min(due_s, head_due_s(-math.inf))
         t = max(min(costs.timer_fire_s(sleep_s, due_s), released_s), sleep_s)
-        if busy and ends[-1] <= t:
-            busy, free_s, released_s = False, t, math.inf
+        if released_s < math.inf and ends[-1] <= t:
+            free_s, released_s = t, math.inf
         decide(t)
         if sent < n and x[sent] <= t:
             t += react
-            first = sent
-            while sent < n and x[sent] <= t:
-                sent += 1
+            first, sent = sent, bisect_right(x, t, sent)
             received[first:sent] = t
             if sent == n:
                 close_s = t       # the generator closes the batcher after its last send
