@@ -9,9 +9,8 @@ serving ``model`` and returns a ``CalibratedService`` that ``simulate`` accepts:
   batch: the worker's cost around the model per batch and per request, the slower start
   of a worker that sat idle (a table over the idle time), the delay each request sent
   during a batch causes it (the event loop's work for it needs the GIL), the spread of
-  it all;
-  the release (from a batch's end to its worker taking the next, which was already
-  due); the reaction (from an arrival to the batch it starts on an idle worker);
+  it all; the release (from a batch's end to its worker taking the next, which was
+  already due); the reaction (from an arrival to the batch it starts on an idle worker);
 * the timer: when asyncio wakes for a timer (``loop.call_later``), fitted to
   ``armed + ceil((due - armed) / resolution) * resolution + latency``.
 
@@ -538,16 +537,13 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
                "lateness_ms_p99": real.meta["lateness_ms_p99"]}
         row.update(compare(real, sim).row())
         recorded = simulate(Trace(real.arrival_s), policy, service, seed=seed)
-        row.update({f"rec_err_{m}": v for m, v in
-                    compare(real, recorded).table["rel_error"].items()})
+        row.update(_rel_errors("rec_err", real, recorded))
         if baseline is not None:
             base = simulate(Trace(real.arrival_s), policy, baseline, seed=seed)
-            row.update({f"base_err_{m}": v for m, v in
-                        compare(real, base).table["rel_error"].items()})
+            row.update(_rel_errors("base_err", real, base))
         if repeat:
             again = run_load(model, traffic, policy, n_requests=n, seed=seed, device=device)
-            row.update({f"floor_err_{m}": v for m, v in
-                        compare(real, again).table["rel_error"].items()})
+            row.update(_rel_errors("floor_err", real, again))
         rows.append(row)
         if progress:
             print(f"[{k + 1}/{len(configs)}] max_batch_size={mb} max_wait_ms={mw} load={x}: "
@@ -555,6 +551,11 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
                   + (f" (real vs real: p50 {row['floor_err_latency_ms_p50']:+.1%}, p99 "
                      f"{row['floor_err_latency_ms_p99']:+.1%})" if repeat else ""), flush=True)
     return pd.DataFrame(rows)
+
+
+def _rel_errors(prefix: str, real: RunResult, other: RunResult) -> dict:
+    """``{prefix}_{metric}``: the relative error of ``other`` against ``real`` per metric."""
+    return {f"{prefix}_{m}": v for m, v in compare(real, other).table["rel_error"].items()}
 
 
 def fidelity_summary(df) -> dict:
@@ -574,7 +575,6 @@ def fidelity_summary(df) -> dict:
         "max_batch_size", "max_wait_ms", "load", "rate_rps", "err_latency_ms_p50",
         "err_latency_ms_p99", "err_throughput_rps"]].items()}
     return out
-
 
 
 def plot_fidelity(df, fig=None):
