@@ -327,12 +327,20 @@ def _run_validate(args) -> int:
         cal.plot_fidelity(df).savefig(args.plot, dpi=110)
     shown = ["max_batch_size", "max_wait_ms", "load", "rate_rps", "real_latency_ms_p50",
              "err_latency_ms_p50", "real_latency_ms_p99", "err_latency_ms_p99",
-             "err_latency_ms_mean", "err_throughput_rps", "err_mean_batch_size"]
+             "err_latency_ms_mean", "err_throughput_rps", "err_mean_batch_size",
+             "harness_behind"]
     print(df[shown].to_string(index=False, float_format="{:.3g}".format))
     summary = cal.fidelity_summary(df)
+    headline = ("latency_ms_p50", "latency_ms_p99", "throughput_rps")
     print("median |relative error|: " + ", ".join(
         f"{m.removeprefix('latency_ms_')} {summary[f'median_abs_err_{m}']:.1%}"
-        for m in ("latency_ms_p50", "latency_ms_p99", "throughput_rps")))
+        for m in headline))
+    if summary["harness_behind"]:
+        print(f"the load generator fell behind its schedule in {summary['harness_behind']} "
+              f"of {len(df)} configurations (harness_behind: the harness, not the batcher, "
+              f"set their latencies); over the others: " + ", ".join(
+                  f"{m.removeprefix('latency_ms_')} {summary[f'median_abs_kept_{m}']:.1%}"
+                  for m in headline))
     print(f"worst configuration (p99): {summary['worst']}")
     return 0
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from service_fakes import sleeping_model
 
 import batchsim as bs
-from batchsim.calibrate import CAPACITY_TOLERANCE, capacity_check, compare
+from batchsim.calibrate import (CAPACITY_TOLERANCE, capacity_check, compare,
+                                fidelity_summary)
 from batchsim.result import RunRecorder
 from batchsim.service import BatcherCosts, CalibratedService
 
@@ -334,6 +335,26 @@ def test_compare_skips_requests_either_run_lost_and_refuses_other_lengths():
     with pytest.raises(ValueError, match="real must be a RunResult"):
         compare("real", sim)
 
+
+
+def test_fidelity_summary_counts_rows_where_the_harness_fell_behind_and_sets_them_apart():
+    import pandas as pd
+
+    rows = []
+    for k, (p50, p99, behind) in enumerate([(0.02, 0.1, False), (-0.04, 0.3, False),
+                                             (0.06, -0.2, False), (1.5, 2.0, True)]):
+        row = {"max_batch_size": 4, "max_wait_ms": 0.0, "load": 0.1 * k, "rate_rps": 100.0,
+               "harness_behind": behind, "err_latency_ms_p50": p50,
+               "err_latency_ms_p99": p99}
+        row.update({f"err_{m}": 0.01 for m in ("latency_ms_p95", "latency_ms_mean",
+                                               "throughput_rps", "mean_batch_size")})
+        rows.append(row)
+    out = fidelity_summary(pd.DataFrame(rows))
+    assert out["configurations"] == 4 and out["harness_behind"] == 1
+    assert out["median_abs_err_latency_ms_p50"] == pytest.approx(0.05)   # all four rows
+    assert out["median_abs_kept_latency_ms_p50"] == pytest.approx(0.04)  # the three kept
+    assert out["median_abs_kept_latency_ms_p99"] == pytest.approx(0.2)
+    assert out["worst"]["err_latency_ms_p99"] == 2.0
 
 # -- calibrate() on a model of known cost -----------------------------------------------
 

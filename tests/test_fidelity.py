@@ -56,6 +56,10 @@ def test_throughput_agrees_over_a_grid(service):
     grid = fidelity(sleepy, service, max_batch_size=(8,), max_wait_ms=(0.0, 2.0),
                     load=(0.3, 0.6), n_requests=500, seed=1)
     assert len(grid) == 4
+    # Each row says how late the simulated generator was and whether the real one fell
+    # further behind (by over a timer tick at p99).
+    assert (grid["sim_lateness_ms_p99"] >= 0).all()
+    assert grid["harness_behind"].dtype == bool
     assert (grid["err_throughput_rps"].abs() <= 0.02).all(), grid["err_throughput_rps"]
 
 
