@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 from service_fakes import sleeping_model
 
 import batchsim as bs
-from batchsim.calibrate import (CAPACITY_TOLERANCE, capacity_check, compare,
-                                fidelity_summary)
+from batchsim.calibrate import CAPACITY_TOLERANCE, capacity_check, compare, fidelity_summary
 from batchsim.result import RunRecorder
 from batchsim.service import BatcherCosts, CalibratedService
 
