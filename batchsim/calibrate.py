@@ -3,7 +3,11 @@
 ``calibrate(model)`` measures what the simulator needs to predict ``DynamicBatcher``
 serving ``model`` and returns a ``CalibratedService`` that ``simulate`` accepts:
 
-* the model's own ``s(b)`` (``profile_model``: median of timed batches per size);
+* ``s(b)``: the model's own (``profile_model``: median of timed batches per size) on a
+  CPU, where the batcher runs that very call; on CUDA the batcher replays CUDA graphs
+  through a pipeline of threads, another program than the eager model, so ``s(b)`` is
+  timed through a one-worker batcher (``profile_batcher``) and only the costs around
+  it are fitted below (``profile=`` chooses);
 * from open-loop runs of the real batcher (Poisson at 2% to 40% of its saturated
   throughput, under a policy that waits for batches to fill and a greedy one), batch by
   batch: the worker's cost around the model per batch and per request, the slower start
@@ -60,7 +64,7 @@ METRICS = ("latency_ms_p50", "latency_ms_p95", "latency_ms_p99", "latency_ms_mea
 def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_sizes=None,
               n_requests: int = 1200, duration_s: float = 0.5, repeats: int = 30,
               timer_probes: int = 300, device=None, input_spec=None,
-              seed: int = 0) -> CalibratedService:
+              profile: str = "auto", seed: int = 0) -> CalibratedService:
     """Measure ``model_or_batcher`` and its batcher; a ``CalibratedService`` for ``simulate``.
 
     ``model_or_batcher``: a model (a callable on a batched tensor with an ``input_spec``
@@ -68,13 +72,19 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     spec and max_batch_size are used (it is not started: calibration serves the model
     with batchers of its own, one worker). ``batch_sizes``: where the model alone is
     timed, ``repeats`` times each (default: powers of two up to ``max_batch_size``, and
-    it). The batcher is measured on eight open-loop runs, Poisson at 2%, 10%, 25% and 40%
-    of its saturated throughput, each under a policy that waits for batches to fill and a
-    greedy one: ``n_requests`` in all, or more, ``duration_s`` of traffic per run.
+    it). ``profile``: how ``s(b)`` is timed -- ``"model"``, the model alone
+    (``profile_model``); ``"batcher"``, full batches through a one-worker batcher
+    (``profile_batcher``); ``"auto"``, the batcher on CUDA (whose graphs and pipeline the
+    model alone misses: on an H200, a calibration on the eager encoder put its capacity
+    at twice the measured one), else the model. The batcher is measured on eight
+    open-loop runs, Poisson at 2%, 10%, 25% and 40% of its saturated throughput, each
+    under a policy that waits for batches to fill and a greedy one: ``n_requests`` in
+    all, or more, ``duration_s`` of traffic per run.
     ``timer_probes`` asyncio timers give the timer model. ``seed`` fixes the calibration's
     arrivals (validate on other seeds). ``metadata`` keeps what was measured.
     """
-    from .real import DynamicBatcher, profile_model
+    from .real import DynamicBatcher, profile_batcher, profile_model
+    from .real.models import model_device
 
     if isinstance(model_or_batcher, DynamicBatcher):
         model = model_or_batcher.model_fn
@@ -99,12 +109,18 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     duration_s = _check.non_negative("duration_s", duration_s)
     spec = input_spec if input_spec is not None else getattr(model, "input_spec", None)
 
-    profile = profile_model(model, sizes, device=device, repeats=repeats, input_spec=spec,
+    _check.one_of("profile", profile, ("auto", "model", "batcher"))
+    if profile == "auto":
+        profile = "batcher" if model_device(model, device).type == "cuda" else "model"
+    if profile == "batcher":
+        s_b = profile_batcher(model, sizes, device=device, repeats=repeats, input_spec=spec)
+    else:
+        s_b = profile_model(model, sizes, device=device, repeats=repeats, input_spec=spec,
                             overhead=False)
     runs = _calibration_runs(model, max_b, n, duration_s, device, spec, seed)
     release_fixed_ms, release_item_ms = _nonnegative_fit(*_releases(runs))
     release = BatcherCosts(release_ms=release_fixed_ms, release_per_item_ms=release_item_ms)
-    worker = _worker_fit(runs, profile, release)
+    worker = _worker_fit(runs, s_b, release)
     resolution_ms, latency_ms, timer_fit = _timer(_check.positive_int(
         "timer_probes", timer_probes), seed)
     costs = BatcherCosts(_react_ms(runs, release), release_fixed_ms, release_item_ms,
@@ -113,16 +129,16 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     metadata = {
         "model": getattr(model, "zoo_name", None) or getattr(model, "__name__",
                                                              type(model).__name__),
-        "device": profile.metadata.get("device"),
-        "dtype": profile.metadata.get("dtype"), "torch": profile.metadata.get("torch"),
-        "cpu_threads": profile.metadata.get("cpu_threads"),
+        "device": s_b.metadata.get("device"),
+        "dtype": s_b.metadata.get("dtype"), "torch": s_b.metadata.get("torch"),
+        "cpu_threads": s_b.metadata.get("cpu_threads"), "profile": profile,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "batches": worker["batches"], "stalled_batches": worker["stalled_batches"],
         "stall_ms_per_s": worker["stall_ms_per_s"], "n_requests": n, "seed": seed,
         "calibration_policies": [str(r.meta["policy"]) for r in runs],
         "saturated_rps": runs[0].meta["saturated_rps"], "timer_fit": timer_fit,
     }
-    service = CalibratedService(profile, worker["per_batch_ms"], worker["per_item_ms"],
+    service = CalibratedService(s_b, worker["per_batch_ms"], worker["per_item_ms"],
                                 worker["jitter_quantiles"], costs, metadata)
     service.metadata["capacity_ratio"] = capacity_check(service, max_b,
                                                         metadata["saturated_rps"])

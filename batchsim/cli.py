@@ -122,6 +122,9 @@ def _args_profile(p):
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--compute-only", action="store_true",
                    help="inputs already on the device, no copies (default: end to end)")
+    p.add_argument("--through-batcher", action="store_true",
+                   help="time full batches through a one-worker DynamicBatcher (on CUDA: "
+                        "its graphs and pipeline) instead of the model alone")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", required=True, help="profile JSON file to write")
 
@@ -130,7 +133,7 @@ def _run_profile(args) -> int:
     import torch
 
     from .real.models import make_model
-    from .real.profiler import profile_model
+    from .real.profiler import profile_batcher, profile_model
 
     try:
         sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -140,8 +143,12 @@ def _run_profile(args) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model = make_model(args.model, device=args.device, dtype=args.dtype, size=args.size)
-    service = profile_model(model, sizes, repeats=args.repeats,
-                            end_to_end=not args.compute_only)
+    if args.through_batcher and args.compute_only:
+        raise ValueError("--through-batcher times what the batcher runs, copies included: "
+                         "it cannot be --compute-only")
+    service = (profile_batcher(model, sizes, repeats=args.repeats) if args.through_batcher
+               else profile_model(model, sizes, repeats=args.repeats,
+                                  end_to_end=not args.compute_only))
     service.save(args.out)
     meta = service.metadata
     print(f"{meta['model']} {meta['dtype']} on {meta['device']} -> {args.out}")

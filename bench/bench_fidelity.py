@@ -63,6 +63,9 @@ def main() -> None:
                    help="comma-separated arrival processes (default %(default)s)")
     p.add_argument("--quick", action="store_true", help="smaller grid and runs")
     p.add_argument("--duration-s", type=float, default=None, help="seconds of traffic a run")
+    p.add_argument("--profile", default="auto", choices=["auto", "model", "batcher"],
+                   help="how calibrate times s(b) (default %(default)s: through the batcher "
+                        "on CUDA, the model alone elsewhere)")
     p.add_argument("--nice", type=int, default=0, help="os.nice increment (negative: root)")
     p.add_argument("--out", default=str(RESULTS), help="results JSON (default %(default)s)")
     args = p.parse_args()
@@ -86,10 +89,12 @@ def main() -> None:
              "load": (0.2, 0.5, 0.7, 0.9)})
     duration_s = args.duration_s or (0.5 if args.quick else 1.5)
     t0 = time.perf_counter()
-    service = calibrate(model, max(grid["max_batch_size"]), seed=0, device=args.device)
+    service = calibrate(model, max(grid["max_batch_size"]), seed=0, device=args.device,
+                        profile=args.profile)
     calibrate_s = time.perf_counter() - t0
     costs = service.costs
-    print(f"calibrated {model.zoo_name} in {calibrate_s:.1f} s: worker +{service.per_batch_ms:.3f}"
+    print(f"calibrated {model.zoo_name} in {calibrate_s:.1f} s (s(b) timed through the "
+          f"{service.metadata['profile']}): worker +{service.per_batch_ms:.3f}"
           f" ms/batch +{service.per_item_ms:.4f} ms/request, jitter CV {service.jitter_cv:.2f};"
           f" react {costs.react_ms:.3f} ms, release {costs.release_ms:.3f} ms, timer "
           f"{costs.timer_resolution_ms:.2f} ms grid +{costs.timer_latency_ms:.3f} ms, "

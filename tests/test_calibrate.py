@@ -363,15 +363,17 @@ BASE_MS, PER_ITEM_MS = 2.0, 0.25
 known_cost = sleeping_model(BASE_MS, PER_ITEM_MS, name="known_cost")
 
 
-@pytest.fixture(scope="module")
-def calibrated():
+@pytest.fixture(scope="module", params=["model", "batcher"])
+def calibrated(request):
+    """Calibrated with ``s(b)`` timed on the model alone and through the batcher."""
     return bs.calibrate(known_cost, 8, n_requests=360, duration_s=0.0, repeats=8,
-                        timer_probes=60, seed=0)
+                        timer_probes=60, profile=request.param, seed=0)
 
 
 def test_calibration_recovers_the_injected_cost(calibrated):
     """``time.sleep`` never returns early, and oversleeps by a scheduler wake-up: well under
-    a millisecond on a loaded machine."""
+    a millisecond on a loaded machine. Timed through the batcher, ``s(b)`` also holds the
+    batcher's own work around the model (sub-millisecond here)."""
     sizes = np.array(calibrated.model.batch_sizes)
     injected = BASE_MS + PER_ITEM_MS * sizes
     over = np.asarray(calibrated.model.times_ms) - injected
@@ -409,10 +411,13 @@ def test_calibrate_takes_a_batcher_and_refuses_bad_arguments():
         bs.calibrate(known_cost, 4, n_requests=100)
     with pytest.raises(ValueError, match="max_batch_size"):
         bs.calibrate(known_cost, 0)
+    with pytest.raises(ValueError, match="profile must be one of .* got 'gpu'"):
+        bs.calibrate(known_cost, 4, profile="gpu")
     batcher = DynamicBatcher(known_cost, bs.BatchPolicy(2, 1.0))
     svc = bs.calibrate(batcher, n_requests=200, duration_s=0.0, batch_sizes=(1, 2), repeats=3,
                        timer_probes=20)
     assert svc.model.batch_sizes == (1, 2) and svc.metadata["model"] == "known_cost"
+    assert svc.metadata["profile"] == "model"   # "auto" off CUDA: the batcher runs the model
 
 
 # -- the command line ------------------------------------------------------------------

@@ -10,7 +10,7 @@ import torch
 
 import batchsim as bs
 from batchsim.cli import main
-from batchsim.real import InputSpec, make_model, profile_model
+from batchsim.real import InputSpec, make_model, profile_batcher, profile_model
 from batchsim.real.profiler import device_slug, profile_filename
 
 
@@ -44,6 +44,23 @@ def test_profile_saves_and_loads(tmp_path):
     assert not {"batcher_overhead_ms", "release_ms", "staging_ms"} & set(prof.metadata)
 
 
+def test_profile_through_the_batcher_times_full_batches_on_its_worker():
+    """A model that sleeps 2 ms + 0.25 ms a request: through the batcher, each size's
+    ``s(b)`` is that and the batcher's own work around it (handing over, stacking,
+    splitting: sub-millisecond), never less (``time.sleep`` never returns early)."""
+    from service_fakes import sleeping_model
+
+    prof = profile_batcher(sleeping_model(2.0, 0.25), [1, 8, 4], repeats=6)
+    assert prof.batch_sizes == (1, 4, 8)
+    over = np.asarray(prof.times_ms) - (2.0 + 0.25 * np.array([1, 4, 8]))
+    assert (over >= 0).all() and (over < 1.0).all(), over
+    meta = prof.metadata
+    assert meta["through"] == "batcher" and meta["repeats"] == 6
+    assert (np.asarray(meta["p90_ms"]) >= np.asarray(prof.times_ms)).all()
+    with pytest.raises(ValueError, match="repeats"):
+        profile_batcher(sleeping_model(2.0, 0.25), [1], repeats=0)
+
+
 def test_plain_callable_needs_an_input_spec():
     with pytest.raises(ValueError, match="input_spec must be an InputSpec"):
         profile_model(lambda x: x, [1])
@@ -67,18 +84,24 @@ def test_file_names_say_device_model_and_dtype():
     assert profile_filename("cpu", "tiny-mlp", torch.bfloat16) == "cpu_tiny-mlp_bfloat16.json"
 
 
-def test_cli_profile_writes_a_loadable_profile(tmp_path, capsys):
+@pytest.mark.parametrize("through", [[], ["--through-batcher"]])
+def test_cli_profile_writes_a_loadable_profile(tmp_path, capsys, through):
     out = tmp_path / "enc.json"
     code = main(["profile", "--model", "encoder", "--size", "tiny", "--batch-sizes", "1,4",
-                 "--repeats", "3", "--threads", "1", "--out", str(out)])
+                 "--repeats", "3", "--threads", "1", "--out", str(out), *through])
     assert code == 0 and "tiny-encoder" in capsys.readouterr().out
-    assert bs.load_service(out).batch_sizes == (1, 4)
+    prof = bs.load_service(out)
+    assert prof.batch_sizes == (1, 4)
+    assert prof.metadata["through"] == ("batcher" if through else "model")
 
 
 def test_cli_profile_refuses_bad_batch_sizes(tmp_path, capsys):
     code = main(["profile", "--model", "mlp", "--batch-sizes", "1,x", "--out",
                  str(tmp_path / "x.json")])
     assert code == 2 and "--batch-sizes" in capsys.readouterr().err
+    code = main(["profile", "--model", "mlp", "--through-batcher", "--compute-only", "--out",
+                 str(tmp_path / "x.json")])
+    assert code == 2 and "cannot be --compute-only" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["cpu_tiny-mlp_float32", "cpu_tiny-cnn_float32",

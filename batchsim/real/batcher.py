@@ -67,7 +67,7 @@ from .. import _check
 from .. import policy as rule
 from ..policy import BatchPolicy
 from ..result import RunRecorder, RunResult
-from .models import InputSpec, resolve_device
+from .models import InputSpec, model_device
 
 _done = asyncio.Future.done
 
@@ -144,12 +144,10 @@ class DynamicBatcher:
         spec = input_spec if input_spec is not None else getattr(model_fn, "input_spec", None)
         if spec is not None and not isinstance(spec, InputSpec):
             raise ValueError(f"input_spec must be an InputSpec, got {spec!r}")
-        if device is None and isinstance(model_fn, torch.nn.Module):
-            device = next((p.device for p in model_fn.parameters()), None)
         self.model_fn = model_fn
         self.policy = policy
         self.workers = _check.positive_int("workers", workers)
-        self.device = resolve_device(device)
+        self.device = model_device(model_fn, device)
         if pipeline is not None and not isinstance(pipeline, bool):
             raise ValueError(f"pipeline must be True, False or None, got {pipeline!r}")
         self.pipeline = self.device.type == "cuda" if pipeline is None else pipeline

@@ -84,6 +84,14 @@ def resolve_device(device=None) -> torch.device:
     return dev
 
 
+def model_device(model, device=None) -> torch.device:
+    """Where ``model`` runs: ``device`` if given, else where its parameters are (a
+    ``torch.nn.Module`` with some), else the CPU."""
+    if device is None and isinstance(model, torch.nn.Module):
+        device = next((p.device for p in model.parameters()), None)
+    return resolve_device(device)
+
+
 def resolve_dtype(dtype=None) -> torch.dtype:
     """``dtype`` as a ``torch.dtype`` (None: float32); accepts names like ``"bfloat16"``."""
     if dtype is None:

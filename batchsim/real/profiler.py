@@ -8,6 +8,11 @@ one copy back to pinned host memory -> synchronize. ``end_to_end=False`` times t
 model alone on inputs already on the device (what the reference GPU numbers measure).
 On a CPU both are the same.
 
+``profile_batcher`` measures ``s(b)`` as ``DynamicBatcher`` serves the model instead:
+full batches through a one-worker batcher, each timed from dispatch to end. On CUDA
+that is another program than the eager model (CUDA graph replays, a pipeline of
+threads), and only this profile measures it.
+
 What the batcher adds per batch is measured by serving the model with a saturated,
 warmed-up one-worker ``DynamicBatcher`` and reported in the metadata, not folded into
 ``s(b)``: ``batcher_overhead_ms`` is the median time a batch of ``b`` holds its worker
@@ -33,7 +38,7 @@ import torch
 from .. import _check
 from ..policy import BatchPolicy
 from ..service import ProfileService
-from .models import InputSpec, resolve_device
+from .models import InputSpec, model_device, resolve_device
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -51,6 +56,43 @@ def profile_model(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats: 
     ``batcher_overhead_ms``, ``release_ms`` and ``staging_ms`` (see the module doc;
     skipped when ``overhead`` is False).
     """
+    spec, sizes, repeats, dev = _setup(model, batch_sizes, device, repeats, input_spec)
+    warmup = int(_check.non_negative("warmup", warmup))
+    samples_ms = [_time_batches(model, spec, dev, b, repeats, warmup, end_to_end)
+                  for b in sizes]
+    prof = _profile(model, spec, dev, sizes, samples_ms, through="model",
+                    end_to_end=bool(end_to_end or dev.type == "cpu"), warmup=warmup)
+    if overhead:
+        ends = {sizes[0]: prof.times_ms[0], sizes[-1]: prof.times_ms[-1]}
+        costs = {b: _batcher_costs_ms(model, spec, dev, b, s_ms) for b, s_ms in ends.items()}
+        for i, key in enumerate(("batcher_overhead_ms", "release_ms", "staging_ms")):
+            prof.metadata[key] = {str(b): c[i] for b, c in costs.items()}
+    return prof
+
+
+def profile_batcher(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats: int = 20,
+                    *, input_spec=None) -> ProfileService:
+    """``s(b)`` as ``DynamicBatcher`` serves ``model``: for each ``b``, the median time a
+    full batch holds the worker (dispatch to end) of a one-worker batcher of
+    ``max_batch_size=b`` that was handed ``repeats + 2`` batches at once (the first two
+    are not counted; nothing arrives while a batch runs).
+
+    Unlike ``profile_model``, this times what the batcher runs: on CUDA, its CUDA graph
+    replays and its stage/launch/complete pipeline of threads with their copies, which
+    the eager model timed alone misses in both directions; and the batcher's own work
+    around the model (handing the batch over, stacking the inputs, splitting the
+    output). ``calibrate`` builds on it where the two differ (see its ``profile``).
+    """
+    spec, sizes, repeats, dev = _setup(model, batch_sizes, device, repeats, input_spec)
+    samples_ms = []
+    for b in sizes:
+        res = _saturated(model, spec, dev, b, repeats + 2)
+        samples_ms.append(1000.0 * (res.end_s - res.start_s)[2:])
+    return _profile(model, spec, dev, sizes, samples_ms, through="batcher")
+
+
+def _setup(model, batch_sizes, device, repeats, input_spec):
+    """The checked ``(input spec, sorted sizes, repeats, device)`` of a profile."""
     spec = input_spec if input_spec is not None else getattr(model, "input_spec", None)
     if not isinstance(spec, InputSpec):
         raise ValueError(f"input_spec must be an InputSpec (or the model's input_spec "
@@ -59,13 +101,12 @@ def profile_model(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats: 
     if not sizes:
         raise ValueError(f"batch_sizes must not be empty, got {batch_sizes!r}")
     repeats = _check.positive_int("repeats", repeats)
-    warmup = int(_check.non_negative("warmup", warmup))
-    if device is None and isinstance(model, torch.nn.Module):
-        device = next((p.device for p in model.parameters()), None)
-    dev = resolve_device(device)
+    return spec, sizes, repeats, model_device(model, device)
 
-    samples_ms = [_time_batches(model, spec, dev, b, repeats, warmup, end_to_end)
-                  for b in sizes]
+
+def _profile(model, spec, dev, sizes, samples_ms, **meta) -> ProfileService:
+    """The ``ProfileService`` of timings ``samples_ms`` (one array per size), with
+    its provenance."""
     median_ms = [float(np.median(t)) for t in samples_ms]
     cv = float(np.median([np.std(t) / np.mean(t) for t in samples_ms]))
     metadata = {
@@ -75,19 +116,24 @@ def profile_model(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats: 
         "input_shape": list(spec.shape),
         "torch": torch.__version__,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "end_to_end": bool(end_to_end or dev.type == "cpu"),
-        "repeats": repeats,
-        "warmup": warmup,
+        **meta,
+        "repeats": len(samples_ms[0]),
         "p90_ms": [float(np.percentile(t, 90)) for t in samples_ms],
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "cpu_threads": torch.get_num_threads(),
     }
-    if overhead:
-        ends = {sizes[0]: median_ms[0], sizes[-1]: median_ms[-1]}
-        costs = {b: _batcher_costs_ms(model, spec, dev, b, s_ms) for b, s_ms in ends.items()}
-        for i, key in enumerate(("batcher_overhead_ms", "release_ms", "staging_ms")):
-            metadata[key] = {str(b): c[i] for b, c in costs.items()}
     return ProfileService(sizes, median_ms, jitter_cv=cv, metadata=metadata)
+
+
+def _saturated(model, spec: InputSpec, dev: torch.device, b: int, batches: int):
+    """The run of a one-worker ``DynamicBatcher`` of ``max_batch_size=b`` handed
+    ``batches * b`` requests at once (so nothing arrives while a batch runs)."""
+    from .batcher import DynamicBatcher
+    from .loadgen import run_saturated
+
+    n = batches * b
+    batcher = DynamicBatcher(model, BatchPolicy(b, float("inf")), device=dev, input_spec=spec)
+    return run_saturated(batcher, n, inputs=spec.random(min(b, 64)), window=n)
 
 
 def _time_batches(model, spec: InputSpec, dev: torch.device, b: int, repeats: int,
@@ -124,14 +170,10 @@ def _time_batches(model, spec: InputSpec, dev: torch.device, b: int, repeats: in
 def _batcher_costs_ms(model, spec: InputSpec, dev: torch.device, b: int, s_ms: float,
                       batches: int = 30) -> tuple[float, float, float]:
     """``(overhead, release, staging)`` in ms for batches of ``b`` (see the module doc)."""
-    from .batcher import DynamicBatcher
-    from .loadgen import run_saturated
-
-    pool = spec.random(min(b, 64))
-    batcher = DynamicBatcher(model, BatchPolicy(b, float("inf")), device=dev, input_spec=spec)
-    res = run_saturated(batcher, batches * b, inputs=pool)
+    res = _saturated(model, spec, dev, b, batches)
     held_ms = 1000.0 * (res.end_s - res.start_s)[2:]
     release_ms = 1000.0 * (res.start_s[1:] - res.end_s[:-1])[2:]
+    pool = spec.random(min(b, 64))
     rows = [pool[i % len(pool)] for i in range(b)]
     staging = torch.empty((b, *spec.shape), dtype=spec.dtype, pin_memory=dev.type == "cuda")
     stack_ms = []
