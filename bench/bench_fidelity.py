@@ -17,7 +17,10 @@ it can be closer. The simulator gets the load generator's schedule and models ho
 requests reach the batcher through its event loop (``sender="loop"``); each run is also
 simulated from the arrival instants the batcher recorded (``recorded``: what modelling
 the sender buys) and with the model's ``s(b)`` alone (``base``: what calibration buys).
-The results go to ``bench/results/fidelity_cpu.json``.
+Rows where the real load generator fell behind its schedule (``harness_behind``) measure
+the harness more than the batcher; each summary also gives the errors without them. The
+calibration times ``s(b)`` through the batcher on CUDA and on the model alone elsewhere
+(``--profile`` overrides). The results go to ``bench/results/fidelity_cpu.json``.
 
 Run: ``.venv/bin/python bench/bench_fidelity.py`` (``--quick`` for a short run). On a
 shared machine, ``--nice -10`` (as root) keeps neighbours' load out of the measurement.
