@@ -6,7 +6,7 @@ Calibrates the simulator on a tiny zoo model served by ``DynamicBatcher`` on the
 arrivals. Reports, per arrival process, the median absolute relative error of p50 and
 p99 latency and of throughput (targets: 5%, 10%, 2%) and the worst configuration:
 
-* ``poisson``: Poisson arrivals, seed 1 (the calibration runs used seeds 0 to 5, at other
+* ``poisson``: Poisson arrivals, seed 1 (the calibration runs used seeds 0 to 9, at other
   rates and policies);
 * ``poisson-seed2``: the same grid on another seed;
 * ``bursty``: on/off bursts (MMPP: 4x the mean rate for 20 ms, a quarter of it for 60 ms).
