@@ -61,12 +61,13 @@ fi
 if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then
     echo "== fidelity: the calibrated simulator against the real batcher =="
     if [ -n "${BATCHSIM_GPU_DRY:-}" ]; then
-        dtype=float32 FID=(--device cpu --size tiny --duration-s 0.05)
+        # the CPU takes the path CUDA takes by default: s(b) timed through the batcher
+        dtype=float32 FID=(--device cpu --size tiny --duration-s 0.05 --profile batcher)
     else
         dtype=bfloat16 FID=(--device cuda --size default)
     fi
     for model in encoder cnn; do
-        timeout -k 5 70 "$PYTHON" bench/bench_fidelity.py --model "$model" --quick \
+        timeout -k 5 90 "$PYTHON" bench/bench_fidelity.py --model "$model" --quick \
             --dtype "$dtype" --workloads poisson,bursty "${FID[@]}" \
             --out "$OUT/fidelity_${model}_${dtype}.json" 2>&1 | tee "$OUT/fidelity_${model}.log"
         echo "fidelity $model exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
