@@ -70,8 +70,8 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     ``model_or_batcher``: a model (a callable on a batched tensor with an ``input_spec``
     attribute, or give ``input_spec``) or a ``DynamicBatcher`` whose model, device, input
     spec and max_batch_size are used (it is not started: calibration serves the model
-    with batchers of its own, one worker). ``batch_sizes``: where the model alone is
-    timed, ``repeats`` times each (default: powers of two up to ``max_batch_size``, and
+    with batchers of its own, one worker). ``batch_sizes``: where ``s(b)`` is timed,
+    ``repeats`` times each (default: powers of two up to ``max_batch_size``, and
     it). ``profile``: how ``s(b)`` is timed -- ``"model"``, the model alone
     (``profile_model``); ``"batcher"``, full batches through a one-worker batcher
     (``profile_batcher``); ``"auto"``, the batcher on CUDA (whose graphs and pipeline the
