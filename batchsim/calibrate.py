@@ -171,11 +171,12 @@ def capacity_check(service: CalibratedService, max_batch_size: int,
 #: (a run of a few milliseconds), 2,000 gave 0.02.
 SATURATED_REQUESTS = 2000
 #: Rates of the calibration runs, as fractions of the batcher's saturated throughput:
-#: up to the loads the simulator is asked about. Under load the load generator sends
-#: requests in clumps while a batch runs, and each costs the worker less than one that
-#: wakes the event loop alone; fitted on light loads only (up to 0.4), the tiny
-#: encoder's cost per arrival came out 4.4 us against 3.0 us with runs at 0.6 and 0.8
-#: added, and the simulated p50 under bursts at max_batch_size=64 was 50-100% high.
+#: up to the loads the simulator is asked about. A request arriving while a batch runs
+#: costs it less under load than at light load (about 1.1 us each when sent in a stream,
+#: against 3-4 us fitted at light load; why is not yet modelled): fitted on light loads
+#: only (up to 0.4), the tiny encoder's cost per arrival came out 4.4 us against 3.0 us
+#: with runs at 0.6 and 0.8 added, and the simulated p50 under bursts at
+#: max_batch_size=64 was 50-100% high.
 CALIBRATION_LOADS = (0.02, 0.1, 0.25, 0.4, 0.7)
 #: A batch this much (ms) slower than predicted was stalled by the machine (descheduled
 #: for a Linux time slice of a few ms, or paused by a garbage collection).

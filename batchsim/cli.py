@@ -135,6 +135,9 @@ def _run_profile(args) -> int:
     from .real.models import make_model
     from .real.profiler import profile_batcher, profile_model
 
+    if args.through_batcher and args.compute_only:
+        raise ValueError("--through-batcher times what the batcher runs, copies included: "
+                         "it cannot be --compute-only")
     try:
         sizes = [int(b) for b in args.batch_sizes.split(",")]
     except ValueError:
@@ -143,9 +146,6 @@ def _run_profile(args) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model = make_model(args.model, device=args.device, dtype=args.dtype, size=args.size)
-    if args.through_batcher and args.compute_only:
-        raise ValueError("--through-batcher times what the batcher runs, copies included: "
-                         "it cannot be --compute-only")
     service = (profile_batcher(model, sizes, repeats=args.repeats) if args.through_batcher
                else profile_model(model, sizes, repeats=args.repeats,
                                   end_to_end=not args.compute_only))
