@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -59,6 +60,27 @@ def test_profile_through_the_batcher_times_full_batches_on_its_worker():
     assert (np.asarray(meta["p90_ms"]) >= np.asarray(prof.times_ms)).all()
     with pytest.raises(ValueError, match="repeats"):
         profile_batcher(sleeping_model(2.0, 0.25), [1], repeats=0)
+
+
+def test_profile_runs_the_model_off_the_callers_thread_and_raises_its_errors():
+    """Like the batcher's workers, the profile never runs the model on the caller's
+    thread (BLAS threads left on it slowed a later batcher 2-3x); the model's own error
+    reaches the caller."""
+    spec = InputSpec((5,), torch.float32)
+    ran_on = set()
+
+    def model(x):
+        ran_on.add(threading.get_ident())
+        return 2 * x
+
+    profile_model(model, [1, 4], repeats=3, input_spec=spec)
+    assert ran_on and threading.get_ident() not in ran_on
+
+    def broken(x):
+        raise RuntimeError("no kernel for layer 3")
+
+    with pytest.raises(RuntimeError, match="no kernel for layer 3"):
+        profile_model(broken, [1], repeats=2, overhead=False, input_spec=spec)
 
 
 def test_plain_callable_needs_an_input_spec():

@@ -27,6 +27,7 @@ overlap with other batches' compute; with one, they add up.
 
 from __future__ import annotations
 
+import concurrent.futures
 import platform
 import re
 import time
@@ -54,14 +55,36 @@ def profile_model(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats: 
     measured coefficient of variation; ``metadata`` holds the device, model, dtype,
     torch version, date, ``p90_ms``, and at the smallest and largest size
     ``batcher_overhead_ms``, ``release_ms`` and ``staging_ms`` (see the module doc;
-    skipped when ``overhead`` is False).
+    skipped when ``overhead`` is False). The model runs on a thread of its own, as the
+    batcher's workers run it (``_on_own_thread``).
     """
     spec, sizes, repeats, dev = _setup(model, batch_sizes, device, repeats, input_spec)
     warmup = int(_check.non_negative("warmup", warmup))
+    return _on_own_thread(_measure_model, model, spec, dev, sizes, repeats, warmup,
+                          bool(end_to_end), bool(overhead))
+
+
+def _on_own_thread(fn, *args):
+    """``fn(*args)`` on a new thread (its result, or its exception raised here).
+
+    ``DynamicBatcher`` runs a model on worker threads, never on the caller's, and a
+    profile times it the same way. On the caller's thread it would time the model with
+    that thread's OpenMP settings, and leave that thread a team of OpenMP threads: on a
+    2-core machine with the default thread count, the batcher served the tiny MLP
+    2-3x slower after its profile had run on the caller's thread
+    (``bench/bench_profile_thread.py``).
+    """
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="batchsim-profile") as pool:
+        return pool.submit(fn, *args).result()
+
+
+def _measure_model(model, spec, dev, sizes, repeats, warmup, end_to_end,
+                   overhead) -> ProfileService:
+    """``profile_model``'s measurements, on the thread that calls this."""
     samples_ms = [_time_batches(model, spec, dev, b, repeats, warmup, end_to_end)
                   for b in sizes]
     prof = _profile(model, spec, dev, sizes, samples_ms, through="model",
-                    end_to_end=bool(end_to_end or dev.type == "cpu"), warmup=warmup)
+                    end_to_end=end_to_end or dev.type == "cpu", warmup=warmup)
     if overhead:
         ends = {sizes[0]: prof.times_ms[0], sizes[-1]: prof.times_ms[-1]}
         costs = {b: _batcher_costs_ms(model, spec, dev, b, s_ms) for b, s_ms in ends.items()}
