@@ -9,7 +9,9 @@ a one-worker ``DynamicBatcher`` serving full batches of a zoo model back to back
   half a millisecond after the dispatch: asyncio rounds that up to the next
   millisecond) and it sends ``n`` requests then (``n = 0``: it wakes and does nothing);
 * ``at once, n``: the loop sends ``n`` requests right after the dispatch, without
-  sleeping first.
+  sleeping first, in one turn of the loop;
+* ``one a turn, n``: the same ``n``, one per turn of the loop (a callback that sends
+  one and schedules the next; the loop does not sleep between them).
 
 The requests sent during a batch wait for the next one, which is topped up to full. The
 configurations are interleaved in a seeded random order; each line is the median time a
@@ -48,6 +50,12 @@ async def serve(model, batch: int, plan: list) -> object:
         for j in range(n):
             server.submit_nowait(rows[j % len(rows)])
 
+    def send_apart(n: int) -> None:
+        """One request, then the rest from the loop's next turn (it does not sleep)."""
+        if n:
+            send(1)
+            loop.call_soon(send_apart, n - 1)
+
     waiting = 0
     for mode, n in plan:
         futures = [server.submit_nowait(rows[j % len(rows)]) for j in range(batch - waiting)]
@@ -55,6 +63,8 @@ async def serve(model, batch: int, plan: list) -> object:
             loop.call_later(0.0005, send, n)
         elif mode == "at once":
             loop.call_soon(loop.call_soon, send, n)   # after the decision that dispatches
+        elif mode == "one a turn":
+            loop.call_soon(loop.call_soon, send_apart, n)
         await asyncio.gather(*futures)
         waiting = n if mode != "asleep" else 0
         await asyncio.sleep(0.002)
@@ -79,7 +89,7 @@ def main() -> None:
     torch.set_num_threads(1)
     model = make_model(args.model, size="tiny")
     plan = ([("asleep", 0)] + [("timer", n) for n in COUNTS]
-            + [("at once", n) for n in COUNTS if n]) * TRIALS
+            + [(mode, n) for mode in ("at once", "one a turn") for n in COUNTS if n]) * TRIALS
     random.Random(0).shuffle(plan)
     res = asyncio.run(serve(model, args.batch, plan))
     held_ms = 1e3 * (res.end_s - res.start_s)[:len(plan)]
@@ -89,7 +99,8 @@ def main() -> None:
     print(f"tiny {args.model}, full batches of {args.batch}: median time a batch held its "
           f"worker ({TRIALS} batches each, the first 4 of the run not counted), and over "
           f"asleep")
-    configs = sorted(set(plan), key=lambda c: (c[0] != "asleep", c[0] != "timer", c[1]))
+    order = ("asleep", "timer", "at once", "one a turn")
+    configs = sorted(set(plan), key=lambda c: (order.index(c[0]), c[1]))
     chosen = {c: np.array([step == c for step in plan]) & (np.arange(len(plan)) >= 4)
               for c in configs}
     # Sends at the timer that reached the batcher before the batch ended: the timer fired
@@ -103,7 +114,7 @@ def main() -> None:
         note = ("" if mode != "timer" or inside > 0.9 else
                 f"  (the timer fired inside only {inside:.0%} of the batches: they are "
                 f"shorter than its millisecond)")
-        print(f"  {mode:8s} n={n:3d}: {median_ms:.4f} ms, {1e3 * (median_ms - base_ms):+6.1f} µs"
+        print(f"  {mode:10s} n={n:3d}: {median_ms:.4f} ms, {1e3 * (median_ms - base_ms):+6.1f} µs"
               + note)
 
 
