@@ -173,9 +173,10 @@ SATURATED_REQUESTS = 2000
 #: Rates of the calibration runs, as fractions of the batcher's saturated throughput:
 #: up to the loads the simulator is asked about. A request arriving while a batch runs
 #: costs it less under load than at light load (about 1.1 us each when sent in a stream,
-#: against 3-4 us fitted at light load; why is not yet modelled): fitted on light loads
-#: only (up to 0.4), the tiny encoder's cost per arrival came out 4.4 us against 3.0 us
-#: with runs at 0.6 and 0.8 added, and the simulated p50 under bursts at
+#: against 3-4 us fitted at light load; ``bench/probe_loop_wake.py`` finds most of the
+#: cost in the loop's wake-ups, which one cost per request does not model): fitted on
+#: light loads only (up to 0.4), the tiny encoder's cost per arrival came out 4.4 us
+#: against 3.0 us with runs at 0.6 and 0.8 added, and the simulated p50 under bursts at
 #: max_batch_size=64 was 50-100% high.
 CALIBRATION_LOADS = (0.02, 0.1, 0.25, 0.4, 0.7)
 #: A batch this much (ms) slower than predicted was stalled by the machine (descheduled

@@ -66,7 +66,7 @@ async def serve(model, batch: int, plan: list) -> object:
         elif mode == "one a turn":
             loop.call_soon(loop.call_soon, send_apart, n)
         await asyncio.gather(*futures)
-        waiting = n if mode != "asleep" else 0
+        waiting = n
         await asyncio.sleep(0.002)
     send(batch - waiting)
     await server.close()

@@ -69,10 +69,10 @@ def _on_own_thread(fn, *args):
 
     ``DynamicBatcher`` runs a model on worker threads, never on the caller's, and a
     profile times it the same way. On the caller's thread it would time the model with
-    that thread's OpenMP settings, and leave that thread a team of OpenMP threads: on a
-    2-core machine with the default thread count, the batcher served the tiny MLP
-    2-3x slower after its profile had run on the caller's thread
-    (``bench/bench_profile_thread.py``).
+    that thread's thread settings, and its matrix products would leave that thread a
+    pool of BLAS/OpenMP threads: on a 2-core machine with the default thread count, the
+    batcher served the tiny MLP 2-3x slower after its profile had run on the caller's
+    thread (``bench/bench_profile_thread.py``).
     """
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="batchsim-profile") as pool:
         return pool.submit(fn, *args).result()
