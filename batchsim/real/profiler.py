@@ -1,7 +1,8 @@
 """Measure a model's service time ``s(b)`` and the batcher's own cost on top of it.
 
-``profile_model`` times one batch of each size ``b``, ``repeats`` times after a warm-up,
-and returns a ``ProfileService`` of the medians (p90s and provenance in its metadata),
+``profile_model`` times one batch of each size ``b``, ``repeats`` times after a warm-up
+(in rounds of one batch of every size, so that a drift falls on all sizes alike), and
+returns a ``ProfileService`` of the medians (p90s and provenance in its metadata),
 ready for the simulator. ``end_to_end=True`` times what a batch costs a worker of
 ``DynamicBatcher``: pinned host input -> one non-blocking copy to the device -> model ->
 one copy back to pinned host memory -> synchronize. ``end_to_end=False`` times the
@@ -81,8 +82,7 @@ def _on_own_thread(fn, *args):
 def _measure_model(model, spec, dev, sizes, repeats, warmup, end_to_end,
                    overhead) -> ProfileService:
     """``profile_model``'s measurements, on the thread that calls this."""
-    samples_ms = [_time_batches(model, spec, dev, b, repeats, warmup, end_to_end)
-                  for b in sizes]
+    samples_ms = _time_batches(model, spec, dev, sizes, repeats, warmup, end_to_end)
     prof = _profile(model, spec, dev, sizes, samples_ms, through="model",
                     end_to_end=end_to_end or dev.type == "cpu", warmup=warmup)
     if overhead:
@@ -159,9 +159,35 @@ def _saturated(model, spec: InputSpec, dev: torch.device, b: int, batches: int):
     return run_saturated(batcher, n, inputs=spec.random(min(b, 64)), window=n)
 
 
-def _time_batches(model, spec: InputSpec, dev: torch.device, b: int, repeats: int,
-                  warmup: int, end_to_end: bool) -> np.ndarray:
-    """``repeats`` timings in ms of one batch of ``b``, after ``warmup`` untimed runs."""
+def _time_batches(model, spec: InputSpec, dev: torch.device, sizes: list[int], repeats: int,
+                  warmup: int, end_to_end: bool) -> list[np.ndarray]:
+    """Per size in ``sizes``, ``repeats`` timings in ms of one batch of it.
+
+    Each size first runs ``warmup`` times untimed; then the sizes are timed in rounds,
+    one batch of each per round. Timed one size after another instead, the first size
+    carried what the first timed runs of a thread still pay: the tiny MLP's ``s(1)``
+    came out 20% above ``s(2)`` in every fresh process, and a simulator calibrated on
+    it made the batches of one too slow. In rounds, such a drift -- and a neighbour's
+    load coming and going -- falls on every size alike.
+    """
+    cuda = dev.type == "cuda"
+    steps = [_step(model, spec, dev, b, cuda and end_to_end) for b in sizes]
+    times_ms = np.empty((len(sizes), repeats))
+    with torch.no_grad():
+        for step in steps:
+            for _ in range(warmup):
+                step()
+        for i in range(repeats):
+            for k, step in enumerate(steps):
+                t0 = time.perf_counter()
+                step()
+                times_ms[k, i] = 1000.0 * (time.perf_counter() - t0)
+    return list(times_ms)
+
+
+def _step(model, spec: InputSpec, dev: torch.device, b: int, copies: bool):
+    """One batch of ``b`` through ``model``, to the end: with ``copies``, from pinned
+    host memory to the device and back, as a CUDA worker of the batcher does."""
     cuda = dev.type == "cuda"
     host_in = spec.random(b, pin_memory=cuda)
     dev_in = host_in.to(dev)
@@ -169,25 +195,17 @@ def _time_batches(model, spec: InputSpec, dev: torch.device, b: int, repeats: in
 
     def step():
         nonlocal host_out
-        if cuda and end_to_end:
+        if copies:
             dev_in.copy_(host_in, non_blocking=True)
         out = model(dev_in)
-        if cuda and end_to_end:
+        if copies:
             if host_out is None:
                 host_out = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
             host_out.copy_(out, non_blocking=True)
         if cuda:
             torch.cuda.synchronize(dev)
 
-    times_ms = np.empty(repeats)
-    with torch.no_grad():
-        for _ in range(warmup):
-            step()
-        for i in range(repeats):
-            t0 = time.perf_counter()
-            step()
-            times_ms[i] = 1000.0 * (time.perf_counter() - t0)
-    return times_ms
+    return step
 
 
 def _batcher_costs_ms(model, spec: InputSpec, dev: torch.device, b: int, s_ms: float,
