@@ -262,6 +262,10 @@ def _args_validate(p):
     p.add_argument("--device", default="cpu", help="cpu, cuda, ...")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--cpu", type=int, default=None,
+                   help="run on this one CPU, so that the event loop and the batcher's "
+                   "worker share it in the calibration and in every run (default: wherever "
+                   "the OS puts them, which can differ from run to run)")
     p.add_argument("--duration-s", type=float, default=1.0, help="seconds of traffic a run")
     p.add_argument("-n", "--n-requests", type=int, default=1000, help="at least this many")
     p.add_argument("--seed", type=int, default=1, help="seed of the arrivals (calibration "
@@ -297,6 +301,12 @@ def _grid(entries) -> dict:
 def _run_validate(args) -> int:
     import os
 
+    if args.cpu is not None:  # before any thread starts: the batcher's threads inherit it
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        if args.cpu not in cpus:
+            raise ValueError(f"--cpu must be one of this process's CPUs {cpus}, "
+                             f"got {args.cpu!r}")
+        os.sched_setaffinity(0, {args.cpu})
     # Before torch loads, so that the batcher's worker threads get it too (set_num_threads
     # below applies to this thread only).
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))

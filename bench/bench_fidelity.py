@@ -24,6 +24,10 @@ calibration times ``s(b)`` through the batcher on CUDA and on the model alone el
 
 Run: ``.venv/bin/python bench/bench_fidelity.py`` (``--quick`` for a short run). On a
 shared machine, ``--nice -10`` (as root) keeps neighbours' load out of the measurement.
+``--cpu 0`` runs everything on one CPU: the event loop and the batcher's worker thread
+hand each batch to each other, and where the OS puts them (one core or two, its choice,
+which can differ between the calibration and a run) changes what a hand-over costs
+more than twofold (``bench/bench_thread_placement.py``).
 On a GPU: ``python bench/bench_fidelity.py --device cuda --dtype bfloat16 --size default
 --model encoder --quick --workloads poisson --out bench/results/fidelity_<gpu>_encoder.json``
 -- with one worker and no queue limits the simulator runs on the fast engine, which needs
@@ -70,10 +74,15 @@ def main() -> None:
                    help="how calibrate times s(b) (default %(default)s: through the batcher "
                         "on CUDA, the model alone elsewhere)")
     p.add_argument("--nice", type=int, default=0, help="os.nice increment (negative: root)")
+    p.add_argument("--cpu", type=int, default=None,
+                   help="run on this one CPU (the event loop and the batcher's worker share "
+                        "it; default: wherever the OS puts them)")
     p.add_argument("--out", default=str(RESULTS), help="results JSON (default %(default)s)")
     args = p.parse_args()
     if args.nice:
         os.nice(args.nice)
+    if args.cpu is not None:  # before any thread starts: threads inherit it
+        os.sched_setaffinity(0, {args.cpu})
     # Tiny models: one thread. The environment variable reaches the worker threads too
     # (torch.set_num_threads alone sets it for this thread only), before torch loads.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -109,7 +118,7 @@ def main() -> None:
     report = {"model": model.zoo_name, "device": service.metadata.get("device"),
               "dtype": str(model.input_spec.dtype).removeprefix("torch."),
               "torch": torch.__version__, "python": platform.python_version(),
-              "cpu_count": os.cpu_count(), "torch_threads": 1, "nice": args.nice,
+              "cpu_count": os.cpu_count(), "torch_threads": 1, "nice": args.nice, "cpu": args.cpu,
               "quick": args.quick, "duration_s": duration_s, "grid": grid, "targets": TARGETS,
               "calibration": service.to_dict(), "calibrate_s": calibrate_s,
               "loadavg_start": os.getloadavg(), "workloads": {}}

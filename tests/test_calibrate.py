@@ -2,6 +2,10 @@
 model whose cost is known."""
 
 import math
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import numpy as np
@@ -443,7 +447,46 @@ def test_validate_command_writes_the_table_and_the_plot(tmp_path, capsys):
     assert (tmp_path / "v.png").stat().st_size > 0
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
+def test_validate_on_one_cpu_runs_the_batcher_there(tmp_path):
+    """``--cpu``: the process is pinned before the batcher starts, so its worker runs on
+    that CPU too. In a subprocess: pinning this one would pin the rest of the tests."""
+    cal = CalibratedService(bs.AffineService(0.1, 0.002), 0.05, 0.002, (0.9, 1.0, 1.3),
+                            BatcherCosts(0.02, 0.02, 0.0, 1.0, 0.1))
+    cal.save(tmp_path / "cal.json")
+    cpu = max(os.sched_getaffinity(0))
+    script = textwrap.dedent("""
+        import os, sys
+        import batchsim.cli
+        from batchsim.real import models
+
+        seen, make = set(), models.make_model
+
+        def spied(*args, **kwargs):  # the zoo model, noting where each batch runs
+            model = make(*args, **kwargs)
+            forward = model.forward
+            def forward_noting_cpus(x):
+                seen.update(os.sched_getaffinity(0))
+                return forward(x)
+            model.forward = forward_noting_cpus
+            return model
+
+        models.make_model = spied
+        code = batchsim.cli.main(sys.argv[1:])
+        print("worker CPUs", sorted(seen))
+        sys.exit(code)
+        """)
+    run = subprocess.run([sys.executable, "-c", script, "validate", "--model", "tiny-mlp",
+                          "--calibration", str(tmp_path / "cal.json"), "--grid",
+                          "max_batch_size=4", "max_wait_ms=0", "load=0.2", "--duration-s",
+                          "0.05", "-n", "200", "--cpu", str(cpu)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert f"worker CPUs [{cpu}]" in run.stdout
+
+
 @pytest.mark.parametrize("argv, match", [
+    (["--cpu", "4096"], "--cpu must be one of this process's CPUs"),
     (["--grid", "max_batch=4"], "--grid entries must look like NAME=V1,V2"),
     (["--grid", "load=a,b"], "--grid load must be floats"),
     (["--model", "tiny-gpt"], "--model must be one of"),
