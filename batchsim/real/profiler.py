@@ -164,11 +164,13 @@ def _time_batches(model, spec: InputSpec, dev: torch.device, sizes: list[int], r
     """Per size in ``sizes``, ``repeats`` timings in ms of one batch of it.
 
     Each size first runs ``warmup`` times untimed; then the sizes are timed in rounds,
-    one batch of each per round. Timed one size after another instead, the first size
-    carried what the first timed runs of a thread still pay: the tiny MLP's ``s(1)``
-    came out 20% above ``s(2)`` in every fresh process, and a simulator calibrated on
-    it made the batches of one too slow. In rounds, such a drift -- and a neighbour's
-    load coming and going -- falls on every size alike.
+    one batch of each per round, each right after an untimed batch of its own size (so
+    that the caches a size uses are warm, as when one size is timed over and over).
+    Timed one size after another instead, the first size carried what the first timed
+    runs of a thread still pay: the tiny MLP's ``s(1)`` came out 20% above ``s(2)`` in
+    every fresh process, and a simulator calibrated on it made the batches of one too
+    slow. In rounds, such a drift -- and a neighbour's load coming and going -- falls on
+    every size alike.
     """
     cuda = dev.type == "cuda"
     steps = [_step(model, spec, dev, b, cuda and end_to_end) for b in sizes]
@@ -179,6 +181,7 @@ def _time_batches(model, spec: InputSpec, dev: torch.device, sizes: list[int], r
                 step()
         for i in range(repeats):
             for k, step in enumerate(steps):
+                step()
                 t0 = time.perf_counter()
                 step()
                 times_ms[k, i] = 1000.0 * (time.perf_counter() - t0)
