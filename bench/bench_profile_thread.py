@@ -21,11 +21,10 @@ Run: ``.venv/bin/python bench/bench_profile_thread.py [--repeats 5]``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import subprocess
-import sys
+
+from fresh_process import arguments, run_child
 
 REQUESTS = 20_000
 SIZES = (1, 4, 16)
@@ -58,10 +57,7 @@ def child(where: str, repeats: int) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=5, help="saturated runs per median")
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = arguments(__doc__, "saturated runs per median")
     if args.child:
         child(args.child, args.repeats)
         return
@@ -69,10 +65,7 @@ def main() -> None:
     print(f"tiny MLP, max_batch_size 16, saturated, {REQUESTS} requests, median of "
           f"{args.repeats} runs; default torch threads ({os.cpu_count()} CPUs)")
     for where in ("own thread", "caller's thread"):
-        out = subprocess.run([sys.executable, __file__, "--child", where, "--repeats",
-                              str(args.repeats)], env=env, check=True, capture_output=True,
-                             text=True).stdout
-        r = json.loads(out.strip().splitlines()[-1])
+        r = run_child(__file__, where, args.repeats, env)
         print(f"profile on the {where:15s}: {r['before_rps']:9,.0f} -> {r['after_rps']:9,.0f} "
               f"requests/s, after/before {r['after_rps'] / r['before_rps']:.2f}")
 
