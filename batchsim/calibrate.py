@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import os
 import sys
 import time
 import types
@@ -81,7 +82,10 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     under a policy that waits for batches to fill and a greedy one: ``n_requests`` in
     all, or more, ``duration_s`` of traffic per run.
     ``timer_probes`` asyncio timers give the timer model. ``seed`` fixes the calibration's
-    arrivals (validate on other seeds). ``metadata`` keeps what was measured.
+    arrivals (validate on other seeds). ``metadata`` keeps what was measured, and
+    ``cpus``, the CPUs this process may run on: on one CPU the event loop and the worker
+    thread hand batches over faster than across two (``bench/bench_thread_placement.py``),
+    so a calibration holds for runs placed as it was (``batchsim validate --cpu``).
     """
     from .real import DynamicBatcher, profile_batcher, profile_model
     from .real.models import model_device
@@ -131,7 +135,7 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
                                                              type(model).__name__),
         "device": s_b.metadata.get("device"),
         "dtype": s_b.metadata.get("dtype"), "torch": s_b.metadata.get("torch"),
-        "cpu_threads": s_b.metadata.get("cpu_threads"), "profile": profile,
+        "cpu_threads": s_b.metadata.get("cpu_threads"), "cpus": _cpus(), "profile": profile,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "batches": worker["batches"], "stalled_batches": worker["stalled_batches"],
         "stall_ms_per_s": worker["stall_ms_per_s"], "n_requests": n, "seed": seed,
@@ -143,6 +147,11 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     service.metadata["capacity_ratio"] = capacity_check(service, max_b,
                                                         metadata["saturated_rps"])
     return service
+
+
+def _cpus() -> list[int] | None:
+    """The CPUs this process may run on (None where the OS does not say)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
 #: ``calibrate`` warns when its model's capacity is off the measured one by this factor.

@@ -422,6 +422,8 @@ def test_calibrate_takes_a_batcher_and_refuses_bad_arguments():
                        timer_probes=20)
     assert svc.model.batch_sizes == (1, 2) and svc.metadata["model"] == "known_cost"
     assert svc.metadata["profile"] == "model"   # "auto" off CUDA: the batcher runs the model
+    if hasattr(os, "sched_getaffinity"):     # where it ran: one CPU or more changes its costs
+        assert svc.metadata["cpus"] == sorted(os.sched_getaffinity(0))
 
 
 # -- the command line ------------------------------------------------------------------
