@@ -198,7 +198,7 @@ IDLE_EDGES_MS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, math.inf)
 def _worker_fit(runs, profile, release: BatcherCosts, min_batches: int = 10) -> dict:
     """The worker's time beyond the model's ``s(b)``, by regression over the batches.
 
-    ``worker - s(b) = wake(idle) + per_item * b + arrival * (requests sent during it)``,
+    ``worker - s(b) = wake(idle) + per_item * b + arrival * (requests received during it)``,
     with ``wake`` one level per bin of idle time (bins with fewer than ``min_batches``
     merged into a neighbour); the least idle level is the fixed cost per batch, the
     others' excess over it the wake-up table. The spread: each batch's time over its
@@ -210,7 +210,7 @@ def _worker_fit(runs, profile, release: BatcherCosts, min_batches: int = 10) -> 
         free_s = np.r_[-np.inf, res.end_s[:-1] + release.release_s(res.size[:-1])]
         b.append(res.size[keep])
         y.append(1e3 * (res.end_s - res.start_s)[keep])
-        during.append(_sent_during(res)[keep])
+        during.append(_received_during(res)[keep])
         idle.append(1e3 * np.maximum(res.start_s - free_s, 0.0)[keep])
     b, worker_ms, during, idle = (np.concatenate(v) for v in (b, y, during, idle))
     y = worker_ms - profile.mean_ms(b)
@@ -299,14 +299,15 @@ def _calibration_runs(model, max_b, n, duration_s, device, spec, seed) -> list[R
     return runs
 
 
-def _sent_during(res: RunResult) -> np.ndarray:
-    """Per batch, the requests the load generator was due to send strictly between its
-    start and its end (by its schedule, ``meta["scheduled_s"]``). That is what the
-    simulator counts for a batch when it models the sender (``simulate(...,
-    sender="loop")``), so the cost per request is fitted on the same count; fitted on
-    the arrivals the batcher recorded instead, it predicted the tiny CNN's p50 several
-    times worse over ``bench/bench_fidelity.py``'s grid."""
-    a = res.meta["scheduled_s"]
+def _received_during(res: RunResult) -> np.ndarray:
+    """Per batch, the requests the batcher received strictly between its start and its
+    end: what every engine charges ``arrival_ms`` for (the sender model as it sends
+    them). Counted by the load generator's schedule instead, the requests due just
+    before a dispatch and sent in the loop's turn right after it were missed, though they
+    delay the batch (on one CPU, by all the loop's work for them): the calibration put
+    that cost into the wake-up after idle, which then charged batches without it.
+    """
+    a = res.arrival_s
     return np.searchsorted(a, res.end_s, "left") - np.searchsorted(a, res.start_s, "right")
 
 

@@ -152,8 +152,8 @@ class BatcherCosts:
     milliseconds, counted from the moment the loop goes to sleep, and the operating
     system wakes the thread a little later still. Each arrival while a batch runs delays
     it by ``arrival_ms``: the loop's work for that request needs the interpreter (the
-    GIL) or the core the worker needs (``calibrate`` fits it per request *sent* during a
-    batch, the arrivals a simulation of the sender counts). A worker that sat idle before
+    GIL) or the core the worker needs (``calibrate`` fits it per request the batcher
+    received during a batch, as every engine counts them). A worker that sat idle before
     its batch is slower to get going (its thread wakes from sleep, its caches are cold):
     the batch takes ``wake_ms`` longer, a table over the idle time ``idle_ms``
     (interpolated in the logarithm of the idle time, flat beyond its ends). All zero: the

@@ -250,6 +250,23 @@ def test_a_sender_on_the_loop_by_hand():
     assert res.end_s == pytest.approx([1.62 * MS, 2.17 * MS, 2.72 * MS])
 
 
+def test_a_request_sent_right_after_a_dispatch_delays_that_batch():
+    """max_batch_size 8, max_wait 1 ms, 0.5 ms a batch, 0.2 ms per request received
+    during one; timers as above. The first request, due at 0.05 ms, reaches the batcher
+    at 1.11 ms; its timeout (2.11 ms) and the second send (due at 1.5 ms) share the timer
+    that fires at 2.22 ms. The batch of one leaves then, and the second request, due
+    before it, is sent in the turn after it, at 2.23 ms: the batch ends 0.2 ms later,
+    at 2.92 ms. The generator closed with that send, so the second goes at the release."""
+    costs = BatcherCosts(react_ms=0.01, timer_resolution_ms=1.0, timer_latency_ms=0.1,
+                         arrival_ms=0.2)
+    svc = CalibratedService(bs.AffineService(0.5, 0.0), costs=costs)
+    res = bs.simulate(bs.Trace([0.05 * MS, 1.5 * MS]), bs.BatchPolicy(8, 1.0), svc,
+                      sender="loop")
+    assert res.arrival_s == pytest.approx([1.11 * MS, 2.23 * MS])
+    assert res.start_s == pytest.approx([2.22 * MS, 2.92 * MS])
+    assert res.end_s == pytest.approx([2.92 * MS, 3.42 * MS])
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workload=workloads, costs=costs_st, max_b=st.integers(1, 12),
        max_wait_ms=st.sampled_from([0.0, 0.5, 2.5, math.inf]), n=st.integers(1, 200),

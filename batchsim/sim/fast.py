@@ -336,9 +336,11 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs):
     too). Awake at ``t``, it frees the worker and decides; then, if a request is due, the
     generator resumes one step later, at ``t + react``, and sends every request due by
     then -- they reach the batcher at that instant -- and the decision it asks for comes
-    ``react`` later still; then the loop sleeps. Arrivals during a batch (the due
-    instants) delay it by ``arrival_ms`` each (``costs.end_s``). One worker, nobody
-    turned away.
+    ``react`` later still; then the loop sleeps. Each request that reaches the batcher
+    while a batch runs delays it by ``arrival_ms``, as in the other engines: those sent
+    in the turn right after its dispatch too, though they were due before it (the loop
+    sends them before the worker can have the interpreter or, on one core, the core).
+    One worker, nobody turned away.
     """
     if workers > 1 or policy.max_queue_size is not None or policy.timeout_ms is not None:
         raise NotImplementedError("a sender on the loop is simulated for one worker without "
@@ -346,6 +348,7 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs):
     x, n, max_b = sent_s.tolist(), sent_s.size, policy.max_batch_size
     received = np.empty(n)
     react, release = costs.react_s, costs.release_s(np.arange(max_b + 1)).tolist()
+    per_arrival_s = costs.arrival_ms / 1000.0
     bt, jit = batch_time_s.tolist(), None if jitter is None else jitter.tolist()
     log = _Loop(received, policy, batch_time_s, jitter, workers)
     ends = []
@@ -364,7 +367,7 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs):
             return
         b = min(sent - h, max_b)
         service_s = bt[b] if jit is None else bt[b] * jit[len(ends)]
-        ends.append(costs.end_s(now_s, service_s, x, now_s - free_s))
+        ends.append(now_s + service_s + costs.wake_s(now_s - free_s))
         log.start_s.append(now_s)
         log.head.append(h)
         h, released_s = h + b, ends[-1] + release[b]
@@ -381,6 +384,10 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs):
             t += react
             first, sent = sent, bisect_right(x, t, sent)
             received[first:sent] = t
+            if released_s < math.inf and t < ends[-1]:    # they reach it mid-batch
+                stretch_s = per_arrival_s * (sent - first)
+                ends[-1] += stretch_s
+                released_s += stretch_s
             if sent == n:
                 close_s = t       # the generator closes the batcher after its last send
             t += react
