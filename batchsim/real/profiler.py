@@ -168,8 +168,8 @@ def _time_batches(model, spec: InputSpec, dev: torch.device, sizes: list[int], r
     that the caches a size uses are warm, as when one size is timed over and over).
     Timed one size after another instead, the first size carried what the first timed
     runs of a thread still pay: the tiny MLP's ``s(1)`` came out 20% above ``s(2)`` in
-    every fresh process, and a simulator calibrated on it made the batches of one too
-    slow. In rounds, such a drift -- and a neighbour's load coming and going -- falls on
+    each of four fresh processes, and a simulator calibrated on it made the batches of
+    one too slow. In rounds, such a drift -- and a neighbour's load coming and going -- falls on
     every size alike.
     """
     cuda = dev.type == "cuda"
