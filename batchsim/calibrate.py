@@ -154,6 +154,20 @@ def _cpus() -> list[int] | None:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
+def run_on_one_cpu(cpu: int, name: str = "cpu") -> None:
+    """Run the calling thread, and every thread it starts afterwards, on CPU ``cpu`` only.
+
+    Called before a batcher starts, its event loop and its worker share that CPU, in a
+    calibration and in every run after it (``bench/bench_thread_placement.py``: where
+    the OS puts the two changes what a hand-over between them costs). A CPU this process
+    may not run on is refused with a ``ValueError`` naming ``name``.
+    """
+    cpus = _cpus() or []
+    if cpu not in cpus:
+        raise ValueError(f"{name} must be one of this process's CPUs {cpus}, got {cpu!r}")
+    os.sched_setaffinity(0, {cpu})
+
+
 #: ``calibrate`` warns when its model's capacity is off the measured one by this factor.
 CAPACITY_TOLERANCE = 1.5
 

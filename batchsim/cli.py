@@ -301,18 +301,15 @@ def _grid(entries) -> dict:
 def _run_validate(args) -> int:
     import os
 
+    from . import calibrate as cal
+
     if args.cpu is not None:  # before any thread starts: the batcher's threads inherit it
-        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        if args.cpu not in cpus:
-            raise ValueError(f"--cpu must be one of this process's CPUs {cpus}, "
-                             f"got {args.cpu!r}")
-        os.sched_setaffinity(0, {args.cpu})
+        cal.run_on_one_cpu(args.cpu, "--cpu")
     # Before torch loads, so that the batcher's worker threads get it too (set_num_threads
     # below applies to this thread only).
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import torch
 
-    from . import calibrate as cal
     from .real.models import MODELS, make_model
     from .service import CalibratedService, load_service
     from .workload import Bursty, Poisson

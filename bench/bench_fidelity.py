@@ -82,7 +82,9 @@ def main() -> None:
     if args.nice:
         os.nice(args.nice)
     if args.cpu is not None:  # before any thread starts: threads inherit it
-        os.sched_setaffinity(0, {args.cpu})
+        from batchsim.calibrate import run_on_one_cpu
+
+        run_on_one_cpu(args.cpu, "--cpu")
     # Tiny models: one thread. The environment variable reaches the worker threads too
     # (torch.set_num_threads alone sets it for this thread only), before torch loads.
     os.environ.setdefault("OMP_NUM_THREADS", "1")

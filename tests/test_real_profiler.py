@@ -83,7 +83,6 @@ def test_profile_runs_the_model_off_the_callers_thread_and_raises_its_errors():
         profile_model(broken, [1], repeats=2, overhead=False, input_spec=spec)
 
 
-
 def test_a_slow_start_of_the_profile_falls_on_every_size_alike():
     """A model slow for its first timed calls (a thread's first runs, a neighbour's
     burst) -- here 3 ms instead of 0.5 ms for as many calls as one size's repeats. Timed
