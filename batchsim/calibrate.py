@@ -552,7 +552,7 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
              load=(0.2, 0.5, 0.8), *, workload: Workload | None = None,
              n_requests: int = 2000, duration_s: float | None = None, seed: int = 0,
              repeat: bool = False, baseline: ServiceModel | None = None, device=None,
-             progress: bool = False):
+             progress: bool = False, runs: list | None = None):
     """Real against simulated over max_batch_size x max_wait_ms x load: a DataFrame.
 
     ``load`` is a fraction of ``service.capacity_rps(max_batch_size)``; ``workload``
@@ -575,7 +575,9 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
     same arrivals are simulated with it too (``base_err_*`` columns): what calibration
     buys. ``rec_err_*`` columns: the calibrated simulator fed the arrival instants the
     batcher recorded instead of the load generator's schedule (``run_pair``'s
-    ``arrivals="recorded"``): what modelling the sender on the loop buys.
+    ``arrivals="recorded"``): what modelling the sender on the loop buys. ``runs``: a
+    list that gets, per row, a dict of its policy, rate and the real ``RunResult`` (and
+    with ``repeat`` the second one), to take a row apart or re-simulate it later.
     """
     import pandas as pd
 
@@ -605,10 +607,14 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
         if baseline is not None:
             base = simulate(Trace(real.arrival_s), policy, baseline, seed=seed)
             row.update(_rel_errors("base_err", real, base))
+        again = None
         if repeat:
             again = run_load(model, traffic, policy, n_requests=n, seed=seed, device=device)
             row.update(_rel_errors("floor_err", real, again))
         rows.append(row)
+        if runs is not None:
+            runs.append({"policy": policy, "rate_rps": rate_rps, "seed": seed, "real": real,
+                         "again": again})
         if progress:
             print(f"[{k + 1}/{len(configs)}] max_batch_size={mb} max_wait_ms={mw} load={x}: "
                   f"p50 {row['err_latency_ms_p50']:+.1%}, p99 {row['err_latency_ms_p99']:+.1%}"

@@ -38,8 +38,10 @@ arrival process, so a run cut short keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
+import pickle
 import platform
 import time
 from pathlib import Path
@@ -78,6 +80,10 @@ def main() -> None:
                    help="run on this one CPU (the event loop and the batcher's worker share "
                         "it; default: wherever the OS puts them)")
     p.add_argument("--out", default=str(RESULTS), help="results JSON (default %(default)s)")
+    p.add_argument("--save-runs", default=None, metavar="PICKLE",
+                   help="also pickle (gzipped) the calibrated service and each row's first "
+                        "real run, per arrival process (to take rows apart or re-simulate "
+                        "them later)")
     args = p.parse_args()
     if args.nice:
         os.nice(args.nice)
@@ -126,11 +132,13 @@ def main() -> None:
               "loadavg_start": os.getloadavg(), "workloads": {}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    saved = {"service": service, "runs": {}}
     for name, (shape, seed) in chosen.items():
         print(f"-- {name} (seed {seed})", flush=True)
+        saved["runs"][name] = []
         df = fidelity(model, service, workload=shape, n_requests=1000, duration_s=duration_s,
                       seed=seed, repeat=True, baseline=service.model, progress=True,
-                      device=args.device, **grid)
+                      device=args.device, runs=saved["runs"][name], **grid)
         summary = fidelity_summary(df)
         summary["meets_targets"] = {m: summary[f"median_abs_err_{m}"] <= t
                                     for m, t in TARGETS.items()}
@@ -152,6 +160,10 @@ def main() -> None:
         report["elapsed_s"] = time.perf_counter() - t0
         out.write_text(json.dumps(report, indent=1, default=float) + "\n")
         print(f"wrote {out}", flush=True)
+        if args.save_runs:
+            for run in saved["runs"][name]:
+                run.pop("again")  # the floor's second run: only its errors are needed
+            Path(args.save_runs).write_bytes(gzip.compress(pickle.dumps(saved)))
 
 
 if __name__ == "__main__":

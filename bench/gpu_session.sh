@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session for the real batcher (issue 5), under 200 s of script time in all:
-#   bench: DynamicBatcher (CUDA graphs on and off) vs the offline end-to-end peak (eager, and
-#          with a CUDA graph) and the naive batcher, for each zoo model x max_batch_size
+#   bench (skipped with BATCHSIM_GPU_BENCH=0): DynamicBatcher (CUDA graphs on and off) vs
+#          the offline end-to-end peak (eager, and with a CUDA graph) and the naive batcher, for each zoo model x max_batch_size
 #          {32, 128, 8} -> $OUT/bench_gpu_<device>.json (rewritten after every configuration)
 #          and a table at the end; it starts no configuration that would end after BUDGET_S
 #          (default 165) seconds, and the whole script is killed HARD_S (default 195) seconds
@@ -9,10 +9,15 @@
 #   profiles (only with BATCHSIM_GPU_PROFILES=1, about 2 more minutes, outside HARD_S):
 #          end-to-end profiles of the zoo at float32 and bfloat16 and the compute-only s(b)
 #          next to the H200 reference;
-#   fidelity (only with BATCHSIM_GPU_FIDELITY=1, about 100 s more, outside HARD_S): the
+#   placement (only with BATCHSIM_GPU_PLACEMENT=1, about 110 s more, outside HARD_S):
+#          saturated throughput with the batcher's threads on all CPUs, 1, 2 or 4, and
+#          with a shorter switch interval -> $OUT/placement_gpu_<device>.json;
+#   fidelity (only with BATCHSIM_GPU_FIDELITY=1, about 150 s more, outside HARD_S): the
 #          simulator calibrated on the encoder and the CNN at bfloat16 against the real
 #          batcher, quick grid, Poisson and bursts -> $OUT/fidelity_<model>_bfloat16.json,
-#          (bench_fidelity.py; the fast engine simulates, so SimPy need not be there).
+#          and the real runs -> $OUT/fidelity_<model>_runs.pkl.gz (to re-simulate them
+#          elsewhere; bench_fidelity.py; the fast engine simulates, so SimPy need not be
+#          there).
 # Each part is its own process under its own time limit, and every JSON is written as soon as
 # its numbers exist, so a failure or a timeout keeps everything measured before it. A CUDA
 # graph capture that fails falls back to the eager model and is reported in the JSON and log.
@@ -45,11 +50,20 @@ command -v nvidia-smi >/dev/null && timeout 10 nvidia-smi \
 left=$((HARD_S - (SECONDS - start) - 5))
 budget=$(( BUDGET_S < left - 20 ? BUDGET_S : left - 20 ))
 if [ "$budget" -lt 1 ]; then budget=1; fi
-echo "== bench: DynamicBatcher vs the offline peak and the naive batcher (budget ${budget} s," \
-     "killed after ${left} s) =="
-timeout -k 5 "$left" "$PYTHON" bench/bench_gpu.py bench --out-dir "$OUT" \
-    --budget-s "$budget" "${DRY[@]}" 2>&1 | tee "$OUT/bench.log"
-echo "bench exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+if [ "${BATCHSIM_GPU_BENCH:-1}" = 1 ]; then
+    echo "== bench: DynamicBatcher vs the offline peak and the naive batcher (budget" \
+         "${budget} s, killed after ${left} s) =="
+    timeout -k 5 "$left" "$PYTHON" bench/bench_gpu.py bench --out-dir "$OUT" \
+        --budget-s "$budget" "${DRY[@]}" 2>&1 | tee "$OUT/bench.log"
+    echo "bench exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+fi
+
+if [ "${BATCHSIM_GPU_PLACEMENT:-0}" = 1 ]; then
+    echo "== placement: the batcher's threads on all CPUs, 1, 2 or 4 =="
+    timeout -k 5 150 "$PYTHON" bench/bench_gpu_placement.py --out-dir "$OUT" "${DRY[@]}" \
+        2>&1 | tee "$OUT/placement.log"
+    echo "placement exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+fi
 
 if [ "${BATCHSIM_GPU_PROFILES:-0}" = 1 ]; then
     echo "== profiles and the reference check =="
@@ -67,9 +81,10 @@ if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then
         dtype=bfloat16 FID=(--device cuda --size default)
     fi
     for model in encoder cnn; do
-        timeout -k 5 90 "$PYTHON" bench/bench_fidelity.py --model "$model" --quick \
+        timeout -k 5 100 "$PYTHON" bench/bench_fidelity.py --model "$model" --quick \
             --dtype "$dtype" --workloads poisson,bursty "${FID[@]}" \
-            --out "$OUT/fidelity_${model}_${dtype}.json" 2>&1 | tee "$OUT/fidelity_${model}.log"
+            --out "$OUT/fidelity_${model}_${dtype}.json" \
+            --save-runs "$OUT/fidelity_${model}_runs.pkl.gz" 2>&1 | tee "$OUT/fidelity_${model}.log"
         echo "fidelity $model exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
     done
 fi

@@ -53,9 +53,15 @@ def paired_blocks(real, sim, what, stat):
 
 
 def test_throughput_agrees_over_a_grid(service):
+    runs = []
     grid = fidelity(sleepy, service, max_batch_size=(8,), max_wait_ms=(0.0, 2.0),
-                    load=(0.3, 0.6), n_requests=500, seed=1)
+                    load=(0.3, 0.6), n_requests=500, seed=1, runs=runs)
     assert len(grid) == 4
+    # Each row's real run is kept, in row order, for taking the row apart later.
+    assert [r["policy"].max_wait_ms for r in runs] == list(grid["max_wait_ms"])
+    assert [r["real"].summary()["throughput_rps"] for r in runs] == pytest.approx(
+        list(grid["real_throughput_rps"]))
+    assert all(r["again"] is None for r in runs)
     # Each row says how late the simulated generator was and whether the real one fell
     # further behind (by over a timer tick at p99).
     assert (grid["sim_lateness_ms_p99"] >= 0).all()
