@@ -62,6 +62,26 @@ def test_profile_through_the_batcher_times_full_batches_on_its_worker():
         profile_batcher(sleeping_model(2.0, 0.25), [1], repeats=0)
 
 
+def test_profile_through_the_batcher_lets_each_output_go_when_its_batch_ends():
+    """Outputs kept to the end of the profile would make every batch allocate anew (on
+    CUDA: pin a new output buffer, slow). Here the model counts, at each call, how many
+    earlier outputs are still alive: the last batch's may be (its futures' callbacks can
+    run after the next batch starts, and the worker still holds it), older ones not."""
+    import weakref
+
+    spec = InputSpec((4,), torch.float32)
+    earlier, alive = [], []
+
+    def model(x):
+        alive.append(sum(ref() is not None for ref in earlier))
+        out = 2 * x
+        earlier.append(weakref.ref(out))
+        return out
+
+    profile_batcher(model, [8], repeats=10, input_spec=spec)
+    assert len(alive) >= 12 and max(alive) <= 2, alive
+
+
 def test_profile_runs_the_model_off_the_callers_thread_and_raises_its_errors():
     """Like the batcher's workers, the profile never runs the model on the caller's
     thread (BLAS threads left on it slowed a later batcher 2-3x); the model's own error
