@@ -2,7 +2,7 @@
 
 ``profile_batcher`` times full batches through a one-worker ``DynamicBatcher`` handed
 every request at once. On an H100 its encoder ``s(32)`` came out 2.37 ms, while the
-same batches took 1.3 ms in every fidelity run after it. Two suspects, side by side,
+same batches took 1.26-1.33 ms in the fidelity runs after it. Two suspects, side by side,
 on the encoder (bfloat16) at max_batch_size 8 and 32:
 
 * ``kept``: every output kept to the end of the profile (``run_saturated`` with a window

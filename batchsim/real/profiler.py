@@ -156,8 +156,8 @@ def _saturated(model, spec: InputSpec, dev: torch.device, b: int, batches: int):
     Each output is let go as soon as its batch ends, as a server that answers its
     requests does. Kept to the end of the run (``run_saturated`` with a window of every
     request), each batch's output buffer stayed in use, so on CUDA every batch had to
-    pin a new one: the encoder's ``s(32)`` on an H100 came out 2.37 ms against the
-    1.3 ms its batches then took in every run (``bench/results/README.md``).
+    pin a new one: on an H100 the encoder's ``s(32)`` came out 2.92 ms against 1.35 ms
+    (``bench/probe_profile_release.py``).
     """
     from .batcher import DynamicBatcher
     from .loadgen import _settle
