@@ -320,7 +320,8 @@ def bench_one(cfg: Settings, model, b: int) -> dict:
     return row
 
 
-def part_bench(cfg: Settings, out: Path, budget_s: float) -> None:
+def part_bench(cfg: Settings, out: Path, budget_s: float, only=None) -> None:
+    """``only``: the configurations to run, as ``model/max_batch_size`` (None: all)."""
     t_start = time.perf_counter()
     path = out / f"bench_gpu_{device_slug(cfg.device)}.json"
     report = {**header(cfg), "results": [], "skipped": [], "errors": [],
@@ -331,6 +332,8 @@ def part_bench(cfg: Settings, out: Path, budget_s: float) -> None:
     per_config_s = None
     for b in cfg.max_batch_sizes:
         for name, dtype in BENCH_MODELS:
+            if only is not None and f"{name}/{b}" not in only:
+                continue
             elapsed = time.perf_counter() - t_start
             if per_config_s is not None and elapsed + 1.3 * per_config_s > budget_s:
                 report["skipped"].append(f"{name}/{dtype}/b={b}: time budget")
@@ -391,6 +394,8 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=165.0,
                    help="bench: start no configuration that would end after this long")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny models, seconds")
+    p.add_argument("--only", default=None, metavar="MODEL/B,...",
+                   help="bench: only these configurations, e.g. mlp/128,cnn/32")
     args = p.parse_args(argv)
     cfg = Settings(args.dry_run)
     if not cfg.dry_run and not torch.cuda.is_available():
@@ -405,7 +410,8 @@ def main(argv=None) -> int:
     if args.part in ("profiles", "all"):
         part_profiles(cfg, out)
     if args.part in ("bench", "all"):
-        part_bench(cfg, out, args.budget_s)
+        part_bench(cfg, out, args.budget_s,
+                   None if args.only is None else set(args.only.split(",")))
     return 0
 
 
