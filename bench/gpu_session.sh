@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # One GPU session for the real batcher (issue 5), under 200 s of script time in all:
 #   bench (skipped with BATCHSIM_GPU_BENCH=0): DynamicBatcher (CUDA graphs on and off) vs
-#          the offline end-to-end peak (eager, and with a CUDA graph) and the naive batcher, for each zoo model x max_batch_size
-#          {32, 128, 8} -> $OUT/bench_gpu_<device>.json (rewritten after every configuration)
+#          the offline end-to-end peak (eager, and with a CUDA graph) and the naive
+#          batcher, for each zoo model x max_batch_size {32, 128, 8}
+#          -> $OUT/bench_gpu_<device>.json (rewritten after every configuration)
 #          and a table at the end; it starts no configuration that would end after BUDGET_S
 #          (default 165) seconds, and the whole script is killed HARD_S (default 195) seconds
 #          after it started;
 #   profiles (only with BATCHSIM_GPU_PROFILES=1, about 2 more minutes, outside HARD_S):
 #          end-to-end profiles of the zoo at float32 and bfloat16 and the compute-only s(b)
 #          next to the H200 reference;
-#   placement (only with BATCHSIM_GPU_PLACEMENT=1, about 110 s more, outside HARD_S):
+#   placement (only with BATCHSIM_GPU_PLACEMENT=1, about 100 s more, outside HARD_S):
 #          saturated throughput with the batcher's threads on all CPUs, 1, 2 or 4, and
 #          with a shorter switch interval -> $OUT/placement_gpu_<device>.json;
-#   fidelity (only with BATCHSIM_GPU_FIDELITY=1, about 150 s more, outside HARD_S): the
+#   fidelity (only with BATCHSIM_GPU_FIDELITY=1, about 110 s more, outside HARD_S): the
 #          simulator calibrated on the encoder and the CNN at bfloat16 against the real
 #          batcher, quick grid, Poisson and bursts -> $OUT/fidelity_<model>_bfloat16.json,
 #          and the real runs -> $OUT/fidelity_<model>_runs.pkl.gz (to re-simulate them
