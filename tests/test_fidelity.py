@@ -16,6 +16,13 @@ as they do for real models. Real runs on a shared machine are noisy; the bounds 
 Throughput must agree within 2%: both runs serve the same open-loop arrivals.
 """
 
+import gzip
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -94,3 +101,22 @@ def test_calibration_beats_the_model_alone_where_timers_matter(service):
     alone = bs.simulate(bs.Trace(real.arrival_s), policy, service.model, seed=3)
     p50 = [r.summary()["latency_ms_p50"] for r in (real, calibrated, alone)]
     assert abs(p50[1] - p50[0]) < abs(p50[2] - p50[0]), p50
+
+
+def test_bench_fidelity_saves_the_service_and_each_rows_real_run(tmp_path):
+    """``bench_fidelity.py --save-runs``: what a GPU run brings back to be taken apart."""
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "bench/bench_fidelity.py", "--quick", "--duration-s",
+                    "0.02", "--workloads", "poisson", "--out", str(tmp_path / "f.json"),
+                    "--save-runs", str(tmp_path / "runs.pkl.gz")], cwd=root, check=True,
+                   env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True,
+                   timeout=300)
+    saved = pickle.loads(gzip.decompress((tmp_path / "runs.pkl.gz").read_bytes()))
+    rows = json.loads((tmp_path / "f.json").read_text())["workloads"]["poisson"]["rows"]
+    runs = saved["runs"]["poisson"]
+    assert isinstance(saved["service"], bs.CalibratedService) and len(runs) == len(rows) == 12
+    for run, row in zip(runs, rows, strict=True):
+        assert set(run) == {"policy", "rate_rps", "seed", "real"}
+        assert run["policy"].max_batch_size == row["max_batch_size"]
+        assert run["real"].summary()["throughput_rps"] == pytest.approx(
+            row["real_throughput_rps"])

@@ -50,3 +50,25 @@ def test_session_script_runs_the_bench_within_its_budget_and_skips_the_profiles(
         "pickup", "stage", "launch", "finish", "release"}
     assert set(row["loads"]) == {"0.3", "0.7"}
     assert row["loads"]["0.3"]["dynamic"]["variant"] == row["best"]
+
+
+def test_bench_runs_only_the_configurations_named(tmp_path):
+    dry_run("bench", tmp_path, "--only", "mlp/8")
+    report = json.loads((tmp_path / "bench_gpu_cpu.json").read_text())
+    assert [(r["model"], r["max_batch_size"]) for r in report["results"]] == [("mlp", 8)]
+
+
+def test_session_script_skips_the_bench_and_measures_placements(tmp_path):
+    env = {**os.environ, "BATCHSIM_GPU_DRY": "1", "OUT": str(tmp_path), "PYTHON": sys.executable,
+           "BATCHSIM_GPU_BENCH": "0", "BATCHSIM_GPU_PLACEMENT": "1"}
+    log = subprocess.run(["bash", "bench/gpu_session.sh"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "bench exit" not in log and "placement exit 0" in log
+    assert not (tmp_path / "bench_gpu_cpu.json").exists()
+    report = json.loads((tmp_path / "placement_gpu_cpu.json").read_text())
+    placements = {"all CPUs", "1 CPU", "2 CPUs", "4 CPUs", "all, switch 0.5 ms"}
+    for row in report["results"]:
+        assert row["offline_peak_rps"] > 0
+        assert set(row["rps"]) == {v[0] for v in VARIANTS[:2]}
+        for rps in row["rps"].values():
+            assert set(rps) == placements and all(r > 0 for r in rps.values())
