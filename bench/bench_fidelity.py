@@ -33,6 +33,9 @@ On a GPU: ``python bench/bench_fidelity.py --device cuda --dtype bfloat16 --size
 -- with one worker and no queue limits the simulator runs on the fast engine, which needs
 numpy only, so this runs where SimPy is not installed. The JSON is rewritten after every
 arrival process, so a run cut short keeps what it measured.
+``--save-runs FILE`` also keeps the calibrated service and each row's real run (gzipped
+pickle, rewritten with the JSON): a GPU machine's minutes are few, and the runs can then
+be taken apart and re-simulated elsewhere.
 """
 
 from __future__ import annotations
