@@ -29,7 +29,11 @@ it). How much of a launch holds the GIL is an assumption (``GIL_PATTERN``); on a
 2-core machine the stand-in is starved of cores, so read its numbers side by side, not
 as GPU predictions.
 
-Run: ``.venv/bin/python bench/bench_batcher_cpu.py [--quick] [--standin]``.
+Where the OS runs the event loop and the worker thread matters here more than anywhere:
+every batch is a hand-over between them, and nothing else. ``--cpu N`` runs the process
+on CPU N alone, both threads on one core (``bench/bench_thread_placement.py``).
+
+Run: ``.venv/bin/python bench/bench_batcher_cpu.py [--quick] [--standin] [--cpu 0]``.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import numpy as np
 import torch
 
 import batchsim as bs
+from batchsim.calibrate import run_on_one_cpu
 from batchsim.real import DynamicBatcher, InferenceBatcher, InputSpec, batch_inference
 from batchsim.real.batcher import _CudaSteps, _HostSteps, _Slot
 from batchsim.real.loadgen import run_saturated
@@ -290,7 +295,11 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="20,000 requests, 1 repeat")
     p.add_argument("--standin", action="store_true", help="also the H200 stand-in")
+    p.add_argument("--cpu", type=int, default=None,
+                   help="run on this one CPU (default: wherever the OS puts the threads)")
     args = p.parse_args(argv)
+    if args.cpu is not None:  # before any thread starts: threads inherit it
+        run_on_one_cpu(args.cpu, "--cpu")
     n, repeats = (20_000, 1) if args.quick else (args.n, args.repeats)
     torch.set_num_threads(1)  # nothing to compute; keep OpenMP from competing
     bench_identity(n, repeats)
