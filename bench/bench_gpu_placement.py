@@ -86,9 +86,9 @@ def main() -> int:
         peak = offline_peak_rps(model, model.input_spec, cfg.device, b, cfg.peak_s)
         row = {"model": name, "dtype": dtype, "max_batch_size": b, "offline_peak_rps": peak,
                "rps": {}}
+        n = cfg.n_requests(peak * RUN_S / cfg.run_s)  # RUN_S at the peak, within bounds
         for variant in VARIANTS[:2]:
             t0 = time.perf_counter()
-            n = cfg.n_requests(peak * RUN_S / cfg.run_s)
             rps = {label: placed(cfg, model, policy, n, inputs, variant, cpus, switch_s)
                    for label, cpus, switch_s in PLACEMENTS}
             row["rps"][variant[0]] = rps
