@@ -630,9 +630,10 @@ def _rel_errors(prefix: str, real: RunResult, other: RunResult) -> dict:
 
 def fidelity_summary(df) -> dict:
     """Median absolute relative errors over a ``fidelity`` grid (also of the baseline, of
-    the simulator fed the recorded arrivals and of the real batcher against itself, where
-    there are), and the worst row by p99. Where rows say ``harness_behind``: how many,
-    and ``median_abs_kept_*``, the simulator's errors over the other rows."""
+    the simulator fed the recorded arrivals, of the real batcher against itself and of
+    the simulator with another calibration, ``recal_err_*``, where there are), and the
+    worst row by p99. Where rows say ``harness_behind``: how many, and
+    ``median_abs_kept_*``, the simulator's errors over the other rows."""
     out = {"configurations": len(df)}
     kept = None
     if "harness_behind" in df:
@@ -644,7 +645,7 @@ def fidelity_summary(df) -> dict:
             out[f"median_abs_kept_{metric}"] = (float(kept[f"err_{metric}"].abs().median())
                                                 if len(kept) else math.nan)
         for prefix, name in (("floor_err", "floor"), ("base_err", "base"),
-                             ("rec_err", "recorded")):
+                             ("rec_err", "recorded"), ("recal_err", "recalibrated")):
             if f"{prefix}_{metric}" in df:
                 out[f"median_abs_{name}_{metric}"] = float(df[f"{prefix}_{metric}"].abs()
                                                            .median())

@@ -368,9 +368,11 @@ def test_fidelity_summary_counts_rows_where_the_harness_fell_behind_and_sets_the
                "err_latency_ms_p99": p99}
         row.update({f"err_{m}": 0.01 for m in ("latency_ms_p95", "latency_ms_mean",
                                                "throughput_rps", "mean_batch_size")})
+        row["recal_err_latency_ms_p50"] = -0.01 * (k + 1)   # another calibration
         rows.append(row)
     out = fidelity_summary(pd.DataFrame(rows))
     assert out["configurations"] == 4 and out["harness_behind"] == 1
+    assert out["median_abs_recalibrated_latency_ms_p50"] == pytest.approx(0.025)
     assert out["median_abs_err_latency_ms_p50"] == pytest.approx(0.05)   # all four rows
     assert out["median_abs_kept_latency_ms_p50"] == pytest.approx(0.04)  # the three kept
     assert out["median_abs_kept_latency_ms_p99"] == pytest.approx(0.2)

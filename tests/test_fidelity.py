@@ -103,16 +103,20 @@ def test_calibration_beats_the_model_alone_where_timers_matter(service):
     assert abs(p50[1] - p50[0]) < abs(p50[2] - p50[0]), p50
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def test_bench_fidelity_saves_the_service_and_each_rows_real_run(tmp_path):
-    """``bench_fidelity.py --save-runs``: what a GPU run brings back to be taken apart."""
-    root = Path(__file__).resolve().parents[1]
+    """``bench_fidelity.py --save-runs``: what a GPU run brings back to be taken apart;
+    ``--recalibrate``: every row simulated with a second calibration too."""
     subprocess.run([sys.executable, "bench/bench_fidelity.py", "--quick", "--duration-s",
                     "0.02", "--workloads", "poisson", "--out", str(tmp_path / "f.json"),
-                    "--save-runs", str(tmp_path / "runs.pkl.gz")], cwd=root, check=True,
-                   env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True,
-                   timeout=300)
+                    "--save-runs", str(tmp_path / "runs.pkl.gz"), "--recalibrate"],
+                   cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                   capture_output=True, timeout=300)
     saved = pickle.loads(gzip.decompress((tmp_path / "runs.pkl.gz").read_bytes()))
-    rows = json.loads((tmp_path / "f.json").read_text())["workloads"]["poisson"]["rows"]
+    report = json.loads((tmp_path / "f.json").read_text())
+    rows = report["workloads"]["poisson"]["rows"]
     runs = saved["runs"]["poisson"]
     assert isinstance(saved["service"], bs.CalibratedService) and len(runs) == len(rows) == 12
     for run, row in zip(runs, rows, strict=True):
@@ -120,3 +124,20 @@ def test_bench_fidelity_saves_the_service_and_each_rows_real_run(tmp_path):
         assert run["policy"].max_batch_size == row["max_batch_size"]
         assert run["real"].summary()["throughput_rps"] == pytest.approx(
             row["real_throughput_rps"])
+        assert np.isfinite(row["recal_err_latency_ms_p50"])
+    assert report["recalibration"]["kind"] == "calibrated"
+    assert np.isfinite(report["workloads"]["poisson"]["summary"][
+        "median_abs_recalibrated_latency_ms_p50"])
+
+
+def test_bench_fidelity_resimulates_rows_as_the_grid_simulated_them(service):
+    """With the grid's own calibration, ``resimulate`` gives back each row's errors."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_fidelity import resimulate
+
+    runs = []
+    df = fidelity(sleepy, service, max_batch_size=(8,), max_wait_ms=(0.0, 1.0), load=(0.5,),
+                  n_requests=300, seed=4, runs=runs)
+    resimulate(df, runs, service)
+    for metric in ("latency_ms_p50", "latency_ms_p99", "throughput_rps"):
+        assert df[f"recal_err_{metric}"].tolist() == df[f"err_{metric}"].tolist()
