@@ -126,14 +126,15 @@ def test_bench_fidelity_saves_the_service_and_each_rows_real_run(tmp_path):
             row["real_throughput_rps"])
         assert np.isfinite(row["recal_err_latency_ms_p50"])
     assert report["recalibration"]["kind"] == "calibrated"
-    assert np.isfinite(report["workloads"]["poisson"]["summary"][
-        "median_abs_recalibrated_latency_ms_p50"])
+    summary = report["workloads"]["poisson"]["summary"]
+    assert np.isfinite(summary["median_abs_recalibrated_latency_ms_p50"])
+    assert np.isfinite(summary["median_abs_between_calibrations_latency_ms_p50"])
 
 
 def test_bench_fidelity_resimulates_rows_as_the_grid_simulated_them(service):
     """With the grid's own calibration, ``resimulate`` gives back each row's errors."""
     sys.path.insert(0, str(ROOT / "bench"))
-    from bench_fidelity import resimulate
+    from bench_fidelity import between_calibrations, resimulate
 
     runs = []
     df = fidelity(sleepy, service, max_batch_size=(8,), max_wait_ms=(0.0, 1.0), load=(0.5,),
@@ -141,3 +142,8 @@ def test_bench_fidelity_resimulates_rows_as_the_grid_simulated_them(service):
     resimulate(df, runs, service)
     for metric in ("latency_ms_p50", "latency_ms_p99", "throughput_rps"):
         assert df[f"recal_err_{metric}"].tolist() == df[f"err_{metric}"].tolist()
+    assert set(between_calibrations(df).values()) == {0.0}
+    # a second calibration predicting 10% more than the first, wherever the first was
+    df["recal_err_latency_ms_p50"] = (1 + df["err_latency_ms_p50"]) * 1.1 - 1
+    assert between_calibrations(df)["median_abs_between_calibrations_latency_ms_p50"] == (
+        pytest.approx(0.1))
