@@ -623,6 +623,25 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
     return pd.DataFrame(rows)
 
 
+def resimulate(df, runs: list, service: ServiceModel) -> None:
+    """Add ``recal_err_*`` columns to a ``fidelity`` DataFrame: each row's real run (the
+    ``runs`` that ``fidelity(..., runs=)`` collected) against ``service``'s simulation of
+    the same scheduled arrivals, as ``run_pair`` simulates them.
+
+    With ``service`` a second calibration of the same batcher, made after the grid,
+    ``fidelity_summary`` then also says how far the two calibrations' predictions are
+    apart (``median_abs_between_calibrations_*``): how far the machine drifted between
+    them, which two real runs seconds apart (the floor) do not see.
+    """
+    from .sim import simulate
+
+    errors = [_rel_errors("recal_err", run["real"], simulate(
+        Trace(run["real"].meta["scheduled_s"]), run["policy"], service, seed=run["seed"],
+        sender="loop")) for run in runs]
+    for column in errors[0]:
+        df[column] = [e[column] for e in errors]
+
+
 def _rel_errors(prefix: str, real: RunResult, other: RunResult) -> dict:
     """``{prefix}_{metric}``: the relative error of ``other`` against ``real`` per metric."""
     return {f"{prefix}_{m}": v for m, v in compare(real, other).table["rel_error"].items()}
@@ -633,7 +652,9 @@ def fidelity_summary(df) -> dict:
     the simulator fed the recorded arrivals, of the real batcher against itself and of
     the simulator with another calibration, ``recal_err_*``, where there are), and the
     worst row by p99. Where rows say ``harness_behind``: how many, and
-    ``median_abs_kept_*``, the simulator's errors over the other rows."""
+    ``median_abs_kept_*``, the simulator's errors over the other rows. With another
+    calibration (``resimulate``), ``median_abs_between_calibrations_*``: how far its
+    prediction is from the first's, relative to the first's."""
     out = {"configurations": len(df)}
     kept = None
     if "harness_behind" in df:
@@ -649,6 +670,9 @@ def fidelity_summary(df) -> dict:
             if f"{prefix}_{metric}" in df:
                 out[f"median_abs_{name}_{metric}"] = float(df[f"{prefix}_{metric}"].abs()
                                                            .median())
+        if f"recal_err_{metric}" in df:
+            apart = (1 + df[f"recal_err_{metric}"]) / (1 + df[f"err_{metric}"]) - 1
+            out[f"median_abs_between_calibrations_{metric}"] = float(apart.abs().median())
     worst = df.loc[df["err_latency_ms_p99"].abs().idxmax()]
     out["worst"] = {k: (v.item() if hasattr(v, "item") else v) for k, v in worst[[
         "max_batch_size", "max_wait_ms", "load", "rate_rps", "err_latency_ms_p50",

@@ -272,6 +272,10 @@ def _args_validate(p):
                    "uses its own)")
     p.add_argument("--repeat", action="store_true",
                    help="run the real batcher twice: how far it is from itself")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="calibrate again after the grid and simulate every run with that "
+                   "calibration too: how far two calibrations minutes apart disagree (the "
+                   "machine's drift, which --repeat's runs seconds apart do not see)")
     p.add_argument("--calibration", help="a calibrated model JSON to use instead of calibrating")
     p.add_argument("--save-calibration", help="write the calibrated model JSON here")
     p.add_argument("--out", help="CSV file for the error table (one row per configuration)")
@@ -332,9 +336,14 @@ def _run_validate(args) -> int:
     if args.save_calibration:
         service.save(args.save_calibration)
     shape = Poisson(1.0) if args.arrivals == "poisson" else Bursty(4.0, 0.25, 0.02, 0.06)
+    runs = []
     df = cal.fidelity(model, service, workload=shape, n_requests=args.n_requests,
                       duration_s=args.duration_s, seed=args.seed, repeat=args.repeat,
-                      device=args.device, progress=True, **grid)
+                      device=args.device, progress=True, runs=runs, **grid)
+    if args.recalibrate:
+        print(f"calibrating {model.zoo_name} again, after the grid ...", flush=True)
+        cal.resimulate(df, runs, cal.calibrate(model, max(grid["max_batch_size"]),
+                                               device=args.device))
     if args.out:
         df.to_csv(args.out, index=False)
     if args.plot:
@@ -355,6 +364,12 @@ def _run_validate(args) -> int:
               f"set their latencies); over the others: " + ", ".join(
                   f"{m.removeprefix('latency_ms_')} {summary[f'median_abs_kept_{m}']:.1%}"
                   for m in headline))
+    if args.recalibrate:
+        print("with the calibration made after the grid: " + ", ".join(
+            f"{m.removeprefix('latency_ms_')} {summary[f'median_abs_recalibrated_{m}']:.1%}"
+            for m in headline) + "; the two calibrations' predictions apart by " + ", ".join(
+            f"{m.removeprefix('latency_ms_')} "
+            f"{summary[f'median_abs_between_calibrations_{m}']:.1%}" for m in headline))
     print(f"worst configuration (p99): {summary['worst']}")
     return 0
 

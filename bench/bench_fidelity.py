@@ -108,7 +108,7 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
-    from batchsim.calibrate import calibrate, fidelity
+    from batchsim.calibrate import calibrate, fidelity, resimulate
     from batchsim.real import make_model
 
     torch.set_num_threads(1)
@@ -182,7 +182,6 @@ def main() -> None:
         for name, df in frames.items():
             resimulate(df, saved["runs"][name], again)
             summary = report_workload(report, name, df)
-            summary.update(between_calibrations(df))
             print(f"-- {name}, simulated with a calibration made after the grid: median "
                   f"|error| p50 {summary['median_abs_recalibrated_latency_ms_p50']:.1%}, p99 "
                   f"{summary['median_abs_recalibrated_latency_ms_p99']:.1%}, throughput "
@@ -207,26 +206,6 @@ def report_workload(report: dict, name: str, df) -> dict:
                                 for m, t in TARGETS.items()}
     report["workloads"][name] = {"summary": summary, "rows": df.to_dict("records")}
     return summary
-
-
-def between_calibrations(df) -> dict:
-    """Median over the rows of how far the second calibration's prediction is from the
-    first's (relative to the first), per metric: the calibration's own reproducibility."""
-    return {f"median_abs_between_calibrations_{m}": float(
-        ((1 + df[f"recal_err_{m}"]) / (1 + df[f"err_{m}"]) - 1).abs().median())
-        for m in ("latency_ms_p50", "latency_ms_p99", "throughput_rps")}
-
-
-def resimulate(df, runs: list, service) -> None:
-    """Add ``recal_err_*`` columns to ``df``: each row's real run against ``service``'s
-    simulation of the same scheduled arrivals (as ``run_pair`` simulates them)."""
-    from batchsim.calibrate import compare
-
-    errors = [compare(run["real"], bs.simulate(
-        bs.Trace(run["real"].meta["scheduled_s"]), run["policy"], service, seed=run["seed"],
-        sender="loop")).table["rel_error"] for run in runs]
-    for metric in errors[0].index:
-        df[f"recal_err_{metric}"] = [e[metric] for e in errors]
 
 
 if __name__ == "__main__":

@@ -373,6 +373,10 @@ def test_fidelity_summary_counts_rows_where_the_harness_fell_behind_and_sets_the
     out = fidelity_summary(pd.DataFrame(rows))
     assert out["configurations"] == 4 and out["harness_behind"] == 1
     assert out["median_abs_recalibrated_latency_ms_p50"] == pytest.approx(0.025)
+    # (1 - 0.01 (k + 1)) / (1 + p50) - 1 by row: 0.99 / 1.02, 0.98 / 0.96, 0.97 / 1.06 and
+    # 0.96 / 2.5, less 1; the median of their sizes lies between the second and third
+    assert out["median_abs_between_calibrations_latency_ms_p50"] == pytest.approx(
+        (1 - 0.99 / 1.02 + 1 - 0.97 / 1.06) / 2)
     assert out["median_abs_err_latency_ms_p50"] == pytest.approx(0.05)   # all four rows
     assert out["median_abs_kept_latency_ms_p50"] == pytest.approx(0.04)  # the three kept
     assert out["median_abs_kept_latency_ms_p99"] == pytest.approx(0.2)
@@ -449,6 +453,7 @@ def test_calibrate_takes_a_batcher_and_refuses_bad_arguments():
 
 
 def test_validate_command_writes_the_table_and_the_plot(tmp_path, capsys):
+    """Also ``--recalibrate``: every run simulated with a calibration made after the grid."""
     from batchsim.cli import main
 
     cal = CalibratedService(bs.AffineService(0.1, 0.002), 0.05, 0.002, (0.9, 1.0, 1.3),
@@ -457,14 +462,17 @@ def test_validate_command_writes_the_table_and_the_plot(tmp_path, capsys):
     code = main(["validate", "--model", "tiny-mlp", "--calibration", str(tmp_path / "cal.json"),
                  "--grid", "max_batch_size=4", "max_wait_ms=0,1", "load=0.2",
                  "--duration-s", "0.05", "-n", "200", "--out", str(tmp_path / "v.csv"),
-                 "--plot", str(tmp_path / "v.png")])
+                 "--plot", str(tmp_path / "v.png"), "--recalibrate"])
     assert code == 0
     out = capsys.readouterr().out
     assert "median |relative error|: p50" in out and "worst configuration" in out
+    assert "the two calibrations' predictions apart by p50" in out
     import pandas as pd
 
     table = pd.read_csv(tmp_path / "v.csv")
     assert len(table) == 2 and set(table["max_wait_ms"]) == {0.0, 1.0}
+    # the file's made-up calibration and a real one predict apart
+    assert (table["recal_err_latency_ms_p50"] != table["err_latency_ms_p50"]).all()
     assert (tmp_path / "v.png").stat().st_size > 0
 
 
