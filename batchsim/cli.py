@@ -336,7 +336,7 @@ def _run_validate(args) -> int:
     if args.save_calibration:
         service.save(args.save_calibration)
     shape = Poisson(1.0) if args.arrivals == "poisson" else Bursty(4.0, 0.25, 0.02, 0.06)
-    runs = []
+    runs = [] if args.recalibrate else None   # the real runs, to simulate them again
     df = cal.fidelity(model, service, workload=shape, n_requests=args.n_requests,
                       duration_s=args.duration_s, seed=args.seed, repeat=args.repeat,
                       device=args.device, progress=True, runs=runs, **grid)

@@ -171,9 +171,9 @@ def main() -> None:
         report["elapsed_s"] = time.perf_counter() - t0
         out.write_text(json.dumps(report, indent=1, default=float) + "\n")
         print(f"wrote {out}", flush=True)
+        for run in saved["runs"][name]:
+            run.pop("again")  # the floor's second run: only its errors are needed
         if args.save_runs:
-            for run in saved["runs"][name]:
-                run.pop("again")  # the floor's second run: only its errors are needed
             Path(args.save_runs).write_bytes(gzip.compress(pickle.dumps(saved)))
     if args.recalibrate:
         again = calibrate(model, max(grid["max_batch_size"]), seed=0, device=args.device,

@@ -31,6 +31,8 @@ import time
 
 import numpy as np
 
+from batchsim.calibrate import _received_during  # the count the calibration fits on
+
 #: (max_batch_size, max_wait_ms, load) of the runs, then the arrival process.
 CONFIGS = ((4, 0.0, 0.5), (16, 1.0, 0.2), (16, 1.0, 0.5), (16, 0.0, 0.7), (64, 0.0, 0.5),
            (64, 1.0, 0.2), (64, 1.0, 0.7))
@@ -72,8 +74,7 @@ def wakes(res, log: np.ndarray) -> dict:
     in_batch = (k >= 0) & (returned < res.end_s[np.maximum(k, 0)])
     whole_ms_s = np.ceil(timeout * 1e3 - 1e-9) / 1e3
     late_us = 1e6 * (returned - entered - whole_ms_s)[timer & ~in_batch]
-    a = res.arrival_s
-    during = np.searchsorted(a, res.end_s, "left") - np.searchsorted(a, res.start_s, "right")
+    during = _received_during(res)
     return {"batches": int(res.size.size), "timer_wakes_in_batch": int((timer & in_batch).sum()),
             "timer_wakes_idle": int((timer & ~in_batch).sum()),
             "idle_wake_late_us_p50": float(np.median(late_us)) if late_us.size else math.nan,
