@@ -1,7 +1,9 @@
 """Load generation: the simulator's arrivals, replayed open loop; saturation runs."""
 
 import asyncio
+import gc
 import math
+import threading
 import time
 
 import numpy as np
@@ -72,6 +74,57 @@ def test_saturated_run_keeps_the_window_outstanding():
     assert (res.finish_s[:-24] <= res.arrival_s[24:]).all()
     # A full batch always waits when the worker frees: every batch but the last is full.
     assert (res.size[:-1] == 8).all()
+
+
+def _collections_during_the_run(run) -> int:
+    """How many garbage collections start while ``run()`` serves its requests.
+
+    That is on its event loop (running on this thread) or on the batcher's worker
+    threads; setting up before and building the result after may collect.
+    """
+    starts = []
+
+    def seen(phase, info):
+        if phase != "start":
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            if threading.current_thread() is threading.main_thread():
+                return
+        starts.append(info["generation"])
+
+    gc.callbacks.append(seen)
+    try:
+        run()
+    finally:
+        gc.callbacks.remove(seen)
+    return len(starts)
+
+
+@pytest.mark.parametrize("harness", [
+    lambda **kw: run_load(sleepy, bs.Poisson(4000.0), bs.BatchPolicy(8, 0.5), 2000, **kw),
+    lambda **kw: run_saturated(sleepy, 2000, bs.BatchPolicy(8, math.inf), **kw),
+])
+def test_the_garbage_collector_does_not_run_during_a_run_unless_asked(harness):
+    """A full collection would stop the event loop for as long as the process's heap takes.
+
+    2000 requests allocate a future and a queue entry each, well past the collector's
+    first threshold (700), so left to Python it collects during the run.
+    """
+    assert gc.isenabled()
+    assert _collections_during_the_run(harness) == 0
+    assert gc.isenabled()
+    assert _collections_during_the_run(lambda: harness(pause_gc=False)) > 0
+
+
+def test_a_collector_turned_off_by_the_caller_stays_off():
+    gc.disable()
+    try:
+        run_load(sleepy, bs.Poisson(2000.0), bs.BatchPolicy(4, 0.5), n_requests=50)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("kwargs, match", [

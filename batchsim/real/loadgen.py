@@ -16,6 +16,15 @@ allocation and allocator growth do not land on the first requests; and the input
 rows of one tensor made up front, sent in turn, so the harness costs a submit per
 request and nothing more.
 
+And by default (``pause_gc``) Python's cyclic garbage collector does not run during a
+run, as in ``timeit``. A full collection walks every object the process holds and stops
+the event loop meanwhile: 50-150 ms in a process that also holds the simulator, pandas
+and earlier runs (``bench/results/README.md``), a stall that comes from what the harness
+process holds, not from the batcher, and that falls on whichever run happens to be timed
+when the collector's counters come due. Serving processes take the same step
+(``gc.freeze()`` after start-up in vLLM and LightLLM). Nothing is lost: what a run
+leaves in reference cycles (the batcher and its log) is collected after it.
+
 The target is a ``DynamicBatcher`` (not yet started), a naive ``InferenceBatcher``
 (driven the way tutorials drive it: a task on the event loop polls it every
 ``poll_ms``), or a model, served by a new ``DynamicBatcher(model, policy, workers,
@@ -26,6 +35,8 @@ run their own loop on a helper thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import time
 from collections import deque
 
@@ -45,7 +56,8 @@ from .naive import InferenceBatcher
 
 def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
              n_requests: int = 1000, seed=0, *, inputs=None, workers: int = 1, device=None,
-             poll_ms: float = 1.0, max_burst: int = 64, warmup: bool = True) -> RunResult:
+             poll_ms: float = 1.0, max_burst: int = 64, warmup: bool = True,
+             pause_gc: bool = True) -> RunResult:
     """Replay ``n_requests`` arrivals of ``workload`` (seeded) open loop against ``target``.
 
     ``inputs``: a ``(m, *shape)`` tensor whose rows are sent in turn (default: 64 random
@@ -55,7 +67,8 @@ def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
     run one untimed batch of zeros through every worker first (see
     ``DynamicBatcher.start``), so the run measures the steady state. ``meta`` of the
     result holds ``scheduled_s`` (the drawn arrivals) and the lateness of the
-    submissions, ``lateness_ms_p50`` / ``_p99`` / ``_max``.
+    submissions, ``lateness_ms_p50`` / ``_p99`` / ``_max``. ``pause_gc``: no automatic
+    garbage collection during the run (see the module doc; False leaves it to Python).
     """
     if not isinstance(workload, Workload):
         raise ValueError(f"workload must be a batchsim workload, got {workload!r}")
@@ -88,7 +101,8 @@ def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
         _release(pending)
         return server.result()
 
-    res = run_to_completion(replay)
+    with _collector_paused(pause_gc):
+        res = run_to_completion(replay)
     late_ms = 1000.0 * (res.arrival_s - scheduled_s)
     res.meta.update(harness="open loop", workload=repr(workload), seed=seed,
                     scheduled_s=scheduled_s,
@@ -100,12 +114,12 @@ def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
 
 def run_saturated(target, n_requests: int, policy: BatchPolicy | None = None, *,
                   inputs=None, window: int | None = None, workers: int = 1, device=None,
-                  poll_ms: float = 1.0, warmup: bool = True) -> RunResult:
+                  poll_ms: float = 1.0, warmup: bool = True, pause_gc: bool = True) -> RunResult:
     """Serve ``n_requests`` keeping ``window`` of them outstanding (closed loop).
 
     The default window, ``2 * (workers + 1) * max_batch_size``, keeps a full batch
     waiting whenever a worker frees up, so the result's throughput is the batcher's
-    capacity with this model. ``inputs`` and ``warmup`` as in ``run_load``.
+    capacity with this model. ``inputs``, ``warmup`` and ``pause_gc`` as in ``run_load``.
     """
     n = _check.positive_int("n_requests", n_requests)
     server = _server(target, policy, workers, device, poll_ms)
@@ -132,9 +146,26 @@ def run_saturated(target, n_requests: int, policy: BatchPolicy | None = None, *,
         _release(pending)
         return server.result()
 
-    res = run_to_completion(saturate)
+    with _collector_paused(pause_gc):
+        res = run_to_completion(saturate)
     res.meta.update(harness="saturated", window=window)
     return res
+
+
+@contextlib.contextmanager
+def _collector_paused(pause: bool):
+    """Turn automatic garbage collection off for the block, then back on.
+
+    Only if it is on: a caller who turned it off keeps it off.
+    """
+    if not (pause and gc.isenabled()):
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _settle(fut) -> None:
