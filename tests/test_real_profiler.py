@@ -1,5 +1,6 @@
 """The profiler, its CLI command and the shipped CPU profiles."""
 
+import gc
 import json
 import subprocess
 import sys
@@ -124,6 +125,43 @@ def test_a_slow_start_of_the_profile_falls_on_every_size_alike():
                          overhead=False)
     assert max(prof.times_ms) < 2.0, prof.times_ms
     assert len(calls) == (warmup + 2 * repeats) * len(sizes)  # a batch before each timed one
+
+def hoarding(x):
+    """Allocates 2000 lists a call: past the collector's first threshold (700) each time."""
+    assert len([[i] for i in range(2000)]) == 2000
+    return x + 1
+
+
+hoarding.input_spec = InputSpec((3,), torch.float32)
+
+
+def _collections_during(run) -> int:
+    """How many garbage collections start while ``run()`` runs."""
+    starts = []
+
+    def seen(phase, info):
+        if phase == "start":
+            starts.append(info["generation"])
+
+    gc.collect()  # the counters start at zero: setting up cannot bring one due
+    gc.callbacks.append(seen)
+    try:
+        run()
+    finally:
+        gc.callbacks.remove(seen)
+    return len(starts)
+
+
+@pytest.mark.parametrize("profile", [
+    lambda: profile_model(hoarding, [1, 4], repeats=5, overhead=False),
+    lambda: profile_batcher(hoarding, [1, 4], repeats=5),
+])
+def test_no_garbage_collection_runs_while_the_profile_measures(profile):
+    x = hoarding.input_spec.random(4)
+    assert _collections_during(lambda: [hoarding(x) for _ in range(20)]) > 0
+    assert _collections_during(profile) == 0
+    assert gc.isenabled()
+
 
 def test_plain_callable_needs_an_input_spec():
     with pytest.raises(ValueError, match="input_spec must be an InputSpec"):

@@ -17,13 +17,8 @@ rows of one tensor made up front, sent in turn, so the harness costs a submit pe
 request and nothing more.
 
 And by default (``pause_gc``) Python's cyclic garbage collector does not run during a
-run, as in ``timeit``. A full collection walks every object the process holds and stops
-the event loop meanwhile: 50-150 ms in a process that also holds the simulator, pandas
-and earlier runs (``bench/results/README.md``), a stall that comes from what the harness
-process holds, not from the batcher, and that falls on whichever run happens to be timed
-when the collector's counters come due. Serving processes take the same step
-(``gc.freeze()`` after start-up in vLLM and LightLLM). Nothing is lost: what a run
-leaves in reference cycles (the batcher and its log) is collected after it.
+run (``batchsim._gc``): a full collection stops the event loop for as long as it takes
+to walk everything the harness's process holds, tens to a hundred milliseconds.
 
 The target is a ``DynamicBatcher`` (not yet started), a naive ``InferenceBatcher``
 (driven the way tutorials drive it: a task on the event loop polls it every
@@ -35,8 +30,6 @@ run their own loop on a helper thread.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import time
 from collections import deque
 
@@ -46,6 +39,7 @@ import torch
 from .. import _check
 from .. import policy as rule
 from .._aio import run_to_completion
+from .._gc import collector_paused
 from ..policy import BatchPolicy
 from ..result import RunResult
 from ..seeding import streams
@@ -101,7 +95,7 @@ def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
         _release(pending)
         return server.result()
 
-    with _collector_paused(pause_gc):
+    with collector_paused(pause_gc):
         res = run_to_completion(replay)
     late_ms = 1000.0 * (res.arrival_s - scheduled_s)
     res.meta.update(harness="open loop", workload=repr(workload), seed=seed,
@@ -146,26 +140,10 @@ def run_saturated(target, n_requests: int, policy: BatchPolicy | None = None, *,
         _release(pending)
         return server.result()
 
-    with _collector_paused(pause_gc):
+    with collector_paused(pause_gc):
         res = run_to_completion(saturate)
     res.meta.update(harness="saturated", window=window)
     return res
-
-
-@contextlib.contextmanager
-def _collector_paused(pause: bool):
-    """Turn automatic garbage collection off for the block, then back on.
-
-    Only if it is on: a caller who turned it off keeps it off.
-    """
-    if not (pause and gc.isenabled()):
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _settle(fut) -> None:

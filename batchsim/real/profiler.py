@@ -39,6 +39,7 @@ import torch
 
 from .. import _check
 from .._aio import run_to_completion
+from .._gc import collector_paused
 from ..policy import BatchPolicy
 from ..service import ProfileService
 from .models import InputSpec, model_device, resolve_device
@@ -58,12 +59,14 @@ def profile_model(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats: 
     torch version, date, ``p90_ms``, and at the smallest and largest size
     ``batcher_overhead_ms``, ``release_ms`` and ``staging_ms`` (see the module doc;
     skipped when ``overhead`` is False). The model runs on a thread of its own, as the
-    batcher's workers run it (``_on_own_thread``).
+    batcher's workers run it (``_on_own_thread``). No automatic garbage collection runs
+    while it measures (``batchsim._gc``).
     """
     spec, sizes, repeats, dev = _setup(model, batch_sizes, device, repeats, input_spec)
     warmup = int(_check.non_negative("warmup", warmup))
-    return _on_own_thread(_measure_model, model, spec, dev, sizes, repeats, warmup,
-                          bool(end_to_end), bool(overhead))
+    with collector_paused():
+        return _on_own_thread(_measure_model, model, spec, dev, sizes, repeats, warmup,
+                              bool(end_to_end), bool(overhead))
 
 
 def _on_own_thread(fn, *args):
@@ -105,13 +108,15 @@ def profile_batcher(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats
     replays and its stage/launch/complete pipeline of threads with their copies, which
     the eager model timed alone misses in both directions; and the batcher's own work
     around the model (handing the batch over, stacking the inputs, splitting the
-    output). ``calibrate`` builds on it where the two differ (see its ``profile``).
+    output). ``calibrate`` builds on it where the two differ (see its ``profile``). No
+    automatic garbage collection runs while it measures (``batchsim._gc``).
     """
     spec, sizes, repeats, dev = _setup(model, batch_sizes, device, repeats, input_spec)
     samples_ms = []
-    for b in sizes:
-        res = _saturated(model, spec, dev, b, repeats + 2)
-        samples_ms.append(1000.0 * (res.end_s - res.start_s)[2:])
+    with collector_paused():
+        for b in sizes:
+            res = _saturated(model, spec, dev, b, repeats + 2)
+            samples_ms.append(1000.0 * (res.end_s - res.start_s)[2:])
     return _profile(model, spec, dev, sizes, samples_ms, through="batcher")
 
 
