@@ -546,13 +546,17 @@ def run_pair(model, service: ServiceModel, policy: BatchPolicy, workload: Worklo
 #: by more than this at p99: one tick of asyncio's millisecond timer grid, the most a
 #: generator that keeps up is late by (it wakes on that grid).
 BEHIND_MS = 1.0
+#: A speed probe (``fidelity(probe_speed=True)``) serves this many full batches, and at
+#: least ``SPEED_PROBE_MIN_REQUESTS`` requests, closed loop.
+SPEED_PROBE_BATCHES = 100
+SPEED_PROBE_MIN_REQUESTS = 2000
 
 
 def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(0.0, 1.0),
              load=(0.2, 0.5, 0.8), *, workload: Workload | None = None,
              n_requests: int = 2000, duration_s: float | None = None, seed: int = 0,
              repeat: bool = False, baseline: ServiceModel | None = None, device=None,
-             progress: bool = False, runs: list | None = None):
+             progress: bool = False, runs: list | None = None, probe_speed: bool = False):
     """Real against simulated over max_batch_size x max_wait_ms x load: a DataFrame.
 
     ``load`` is a fraction of ``service.capacity_rps(max_batch_size)``; ``workload``
@@ -578,6 +582,12 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
     ``arrivals="recorded"``): what modelling the sender on the loop buys. ``runs``: a
     list that gets, per row, a dict of its policy, rate and the real ``RunResult`` (and
     with ``repeat`` the second one), to take a row apart or re-simulate it later.
+    ``probe_speed``: before the first row, and again right before each row's real run, a
+    short saturated run at the row's max_batch_size (``SPEED_PROBE_BATCHES`` full
+    batches); ``speed_ratio`` is the second's throughput over the first's. A shared
+    machine's speed drifts, and the calibration saw the machine as it was at the start:
+    ratios above 1 say the real run had a faster machine than the calibration did (the
+    simulator then predicts it slower).
     """
     import pandas as pd
 
@@ -586,12 +596,18 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
 
     shape = Poisson(1.0) if workload is None else workload
     configs = list(itertools.product(max_batch_size, max_wait_ms, load))
+    start_rps = ({int(b): _speed_probe(model, int(b), device) for b in max_batch_size}
+                 if probe_speed else {})
     rows = []
     for k, (mb, mw, x) in enumerate(configs):
         policy = BatchPolicy(int(mb), float(mw))
         rate_rps = float(x) * service.capacity_rps(policy.max_batch_size)
         traffic = shape.with_rate(rate_rps)
         n = n_requests if duration_s is None else max(n_requests, round(rate_rps * duration_s))
+        speed = {}
+        if probe_speed:
+            speed["speed_ratio"] = (_speed_probe(model, policy.max_batch_size, device)
+                                    / start_rps[policy.max_batch_size])
         real, sim = run_pair(model, service, policy, traffic, n, seed, device=device)
         sim_late_ms = 1e3 * (sim.arrival_s - sim.meta["sent_s"])
         row = {"max_batch_size": policy.max_batch_size, "max_wait_ms": policy.max_wait_ms,
@@ -601,6 +617,7 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
                "sim_lateness_ms_p99": float(np.percentile(sim_late_ms, 99))}
         row["harness_behind"] = bool(row["lateness_ms_p99"]
                                      > row["sim_lateness_ms_p99"] + BEHIND_MS)
+        row.update(speed)
         row.update(compare(real, sim).row())
         recorded = simulate(Trace(real.arrival_s), policy, service, seed=seed)
         row.update(_rel_errors("rec_err", real, recorded))
@@ -621,6 +638,15 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
                   + (f" (real vs real: p50 {row['floor_err_latency_ms_p50']:+.1%}, p99 "
                      f"{row['floor_err_latency_ms_p99']:+.1%})" if repeat else ""), flush=True)
     return pd.DataFrame(rows)
+
+
+def _speed_probe(model, max_batch_size: int, device) -> float:
+    """How many requests/s ``model`` is served right now: a short saturated run."""
+    from .real import run_saturated
+
+    n = max(SPEED_PROBE_BATCHES * max_batch_size, SPEED_PROBE_MIN_REQUESTS)
+    res = run_saturated(model, n, BatchPolicy(max_batch_size, math.inf), device=device)
+    return res.summary()["throughput_rps"]
 
 
 def resimulate(df, runs: list, service: ServiceModel) -> None:
@@ -654,7 +680,9 @@ def fidelity_summary(df) -> dict:
     worst row by p99. Where rows say ``harness_behind``: how many, and
     ``median_abs_kept_*``, the simulator's errors over the other rows. With another
     calibration (``resimulate``), ``median_abs_between_calibrations_*``: how far its
-    prediction is from the first's, relative to the first's."""
+    prediction is from the first's, relative to the first's. With ``speed_ratio``
+    (``probe_speed``): its 5th and 95th percentiles over the rows, and the correlation
+    of each row's p50 error with it (``speed_corr_err_latency_ms_p50``)."""
     out = {"configurations": len(df)}
     kept = None
     if "harness_behind" in df:
@@ -673,6 +701,12 @@ def fidelity_summary(df) -> dict:
         if f"recal_err_{metric}" in df:
             apart = (1 + df[f"recal_err_{metric}"]) / (1 + df[f"err_{metric}"]) - 1
             out[f"median_abs_between_calibrations_{metric}"] = float(apart.abs().median())
+    if "speed_ratio" in df:
+        out["speed_ratio_p5"], out["speed_ratio_p95"] = (
+            float(q) for q in np.percentile(df["speed_ratio"], [5, 95]))
+        out["speed_corr_err_latency_ms_p50"] = (
+            float(np.corrcoef(df["speed_ratio"], df["err_latency_ms_p50"])[0, 1])
+            if len(df) > 2 else math.nan)
     worst = df.loc[df["err_latency_ms_p99"].abs().idxmax()]
     out["worst"] = {k: (v.item() if hasattr(v, "item") else v) for k, v in worst[[
         "max_batch_size", "max_wait_ms", "load", "rate_rps", "err_latency_ms_p50",

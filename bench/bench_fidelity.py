@@ -36,6 +36,10 @@ arrival process, so a run cut short keeps what it measured.
 ``--save-runs FILE`` also keeps the calibrated service and each row's real run (gzipped
 pickle, rewritten with the JSON): a GPU machine's minutes are few, and the runs can then
 be taken apart and re-simulated elsewhere.
+``--probe-speed`` runs a short saturated run at each max_batch_size before each arrival
+set's grid and another before each row (``speed_ratio``: the row's over the start's),
+and correlates each row's p50 error with it: how much of the error is the machine's
+speed moving after the calibration.
 ``--recalibrate`` calibrates again after the grid and simulates every row's arrivals with
 that calibration too (``recal_err_*``, ``median_abs_recalibrated_*``): a machine whose
 speed drifts over minutes moves a calibration, and with it every prediction, by more than
@@ -92,6 +96,10 @@ def main() -> None:
     p.add_argument("--recalibrate", action="store_true",
                    help="calibrate again after the grid and simulate every row with that "
                         "calibration too (the calibration's reproducibility)")
+    p.add_argument("--probe-speed", action="store_true",
+                   help="a short saturated run before the grid and before each row: how "
+                        "much faster or slower the machine served than at the start "
+                        "(speed_ratio)")
     p.add_argument("--save-runs", default=None, metavar="PICKLE",
                    help="also pickle (gzipped) the calibrated service and each row's first "
                         "real run, per arrival process (to take rows apart or re-simulate "
@@ -151,7 +159,8 @@ def main() -> None:
         saved["runs"][name] = []
         df = fidelity(model, service, workload=shape, n_requests=1000, duration_s=duration_s,
                       seed=seed, repeat=True, baseline=service.model, progress=True,
-                      device=args.device, runs=saved["runs"][name], **grid)
+                      device=args.device, runs=saved["runs"][name],
+                      probe_speed=args.probe_speed, **grid)
         frames[name] = df
         summary = report_workload(report, name, df)
         print(f"   median |error|: p50 {summary['median_abs_err_latency_ms_p50']:.1%} "
@@ -167,6 +176,11 @@ def main() -> None:
               f"the others: p50 {summary['median_abs_kept_latency_ms_p50']:.1%}, p99 "
               f"{summary['median_abs_kept_latency_ms_p99']:.1%}; worst: {summary['worst']}",
               flush=True)
+        if args.probe_speed:
+            print(f"   the machine served {summary['speed_ratio_p5']:.2f}-"
+                  f"{summary['speed_ratio_p95']:.2f}x as fast as at the start of the set "
+                  f"(5th-95th percentile over the rows); correlation of a row's p50 error "
+                  f"with it: {summary['speed_corr_err_latency_ms_p50']:+.2f}", flush=True)
         report["loadavg_end"] = os.getloadavg()
         report["elapsed_s"] = time.perf_counter() - t0
         out.write_text(json.dumps(report, indent=1, default=float) + "\n")

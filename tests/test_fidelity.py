@@ -108,10 +108,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_bench_fidelity_saves_the_service_and_each_rows_real_run(tmp_path):
     """``bench_fidelity.py --save-runs``: what a GPU run brings back to be taken apart;
-    ``--recalibrate``: every row simulated with a second calibration too."""
+    ``--recalibrate``: every row simulated with a second calibration too;
+    ``--probe-speed``: each row's machine speed against the start's."""
     subprocess.run([sys.executable, "bench/bench_fidelity.py", "--quick", "--duration-s",
                     "0.02", "--workloads", "poisson", "--out", str(tmp_path / "f.json"),
-                    "--save-runs", str(tmp_path / "runs.pkl.gz"), "--recalibrate"],
+                    "--save-runs", str(tmp_path / "runs.pkl.gz"), "--recalibrate",
+                    "--probe-speed"],
                    cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
                    capture_output=True, timeout=300)
     saved = pickle.loads(gzip.decompress((tmp_path / "runs.pkl.gz").read_bytes()))
@@ -124,11 +126,12 @@ def test_bench_fidelity_saves_the_service_and_each_rows_real_run(tmp_path):
         assert run["policy"].max_batch_size == row["max_batch_size"]
         assert run["real"].summary()["throughput_rps"] == pytest.approx(
             row["real_throughput_rps"])
-        assert np.isfinite(row["recal_err_latency_ms_p50"])
+        assert np.isfinite(row["recal_err_latency_ms_p50"]) and row["speed_ratio"] > 0
     assert report["recalibration"]["kind"] == "calibrated"
     summary = report["workloads"]["poisson"]["summary"]
     assert np.isfinite(summary["median_abs_recalibrated_latency_ms_p50"])
     assert np.isfinite(summary["median_abs_between_calibrations_latency_ms_p50"])
+    assert np.isfinite(summary["speed_corr_err_latency_ms_p50"])
 
 
 def test_resimulate_with_the_grids_own_calibration_gives_back_each_rows_errors(service):
@@ -143,3 +146,40 @@ def test_resimulate_with_the_grids_own_calibration_gives_back_each_rows_errors(s
     for metric in ("latency_ms_p50", "latency_ms_p99", "throughput_rps"):
         assert df[f"recal_err_{metric}"].tolist() == df[f"err_{metric}"].tolist()
         assert fidelity_summary(df)[f"median_abs_between_calibrations_{metric}"] == 0.0
+
+
+def test_the_speed_probe_measures_what_the_batcher_serves_now():
+    """The sleeping model takes 1 + 0.1 * 8 = 1.8 ms a full batch of 8: a batcher serves
+    at most 8 / 1.8 ms = 4444 requests/s (a sleep never ends early), a little less for
+    its own costs and the sleep's overshoot (tens of µs a batch)."""
+    from batchsim.calibrate import _speed_probe
+
+    rps = _speed_probe(sleepy, 8, None)
+    assert 0.7 * 8 / 1.8e-3 < rps <= 8 / 1.8e-3
+
+
+def test_each_row_gets_its_probe_over_the_probe_made_at_the_start(service, monkeypatch):
+    """The probes run first for every max_batch_size, then one right before each row."""
+    import batchsim.calibrate as cal
+
+    probed = []
+    speeds = iter([1000.0, 2000.0,                        # at the start: b=4, then b=8
+                   900.0, 1100.0, 2400.0, 1800.0])        # before each row, in row order
+
+    def fake_probe(model, max_batch_size, device):
+        probed.append(max_batch_size)
+        return next(speeds)
+
+    monkeypatch.setattr(cal, "_speed_probe", fake_probe)
+    df = fidelity(sleepy, service, max_batch_size=(4, 8), max_wait_ms=(0.0, 1.0), load=(0.3,),
+                  n_requests=200, seed=5, probe_speed=True)
+    assert probed == [4, 8, 4, 4, 8, 8]
+    assert df["speed_ratio"].tolist() == pytest.approx([0.9, 1.1, 1.2, 0.9])
+    summary = cal.fidelity_summary(df)
+    assert summary["speed_ratio_p5"] == pytest.approx(np.percentile([0.9, 1.1, 1.2, 0.9], 5))
+    assert summary["speed_ratio_p95"] == pytest.approx(np.percentile([0.9, 1.1, 1.2, 0.9], 95))
+    assert summary["speed_corr_err_latency_ms_p50"] == pytest.approx(
+        np.corrcoef(df["speed_ratio"], df["err_latency_ms_p50"])[0, 1])
+    # Without the probe: no column, no summary of it.
+    assert not any(k.startswith("speed") for k in cal.fidelity_summary(
+        df.drop(columns="speed_ratio")))
