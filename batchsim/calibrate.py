@@ -47,6 +47,7 @@ import numpy as np
 
 from . import _check
 from ._aio import run_to_completion
+from ._gc import collector_paused
 from .policy import BatchPolicy
 from .result import COMPLETED, RunResult
 from .service import BatcherCosts, CalibratedService, ServiceModel
@@ -405,7 +406,8 @@ def timer_lateness_ms(n: int = 300, seed: int = 0, max_delay_ms: float = 3.0) ->
     """``(n, 2)``: asyncio timers of random delays (ms) and how late each fired (ms).
 
     Each timer is armed right after the previous one fired, on a loop with nothing else
-    to do, as ``DynamicBatcher`` arms its max_wait timer.
+    to do, as ``DynamicBatcher`` arms its max_wait timer; no automatic garbage collection
+    runs meanwhile (``batchsim._gc``).
     """
     delays_ms = np.random.default_rng(seed).uniform(0.05, max_delay_ms, n)
 
@@ -419,7 +421,8 @@ def timer_lateness_ms(n: int = 300, seed: int = 0, max_delay_ms: float = 3.0) ->
             late[i] = 1e3 * (await fired - t0) - d_ms
         return late
 
-    return np.column_stack([delays_ms, run_to_completion(probe)])
+    with collector_paused():
+        return np.column_stack([delays_ms, run_to_completion(probe)])
 
 
 def _timer(n: int, seed: int) -> tuple[float, float, dict]:

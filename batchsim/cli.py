@@ -276,6 +276,10 @@ def _args_validate(p):
                    help="calibrate again after the grid and simulate every run with that "
                    "calibration too: how far two calibrations minutes apart disagree (the "
                    "machine's drift, which --repeat's runs seconds apart do not see)")
+    p.add_argument("--probe-speed", action="store_true",
+                   help="a short saturated run before the grid and before each row: how "
+                   "much faster or slower the machine served each row than at the start "
+                   "(speed_ratio), and how the rows' p50 errors go with it")
     p.add_argument("--calibration", help="a calibrated model JSON to use instead of calibrating")
     p.add_argument("--save-calibration", help="write the calibrated model JSON here")
     p.add_argument("--out", help="CSV file for the error table (one row per configuration)")
@@ -339,7 +343,8 @@ def _run_validate(args) -> int:
     runs = [] if args.recalibrate else None   # the real runs, to simulate them again
     df = cal.fidelity(model, service, workload=shape, n_requests=args.n_requests,
                       duration_s=args.duration_s, seed=args.seed, repeat=args.repeat,
-                      device=args.device, progress=True, runs=runs, **grid)
+                      device=args.device, progress=True, runs=runs,
+                      probe_speed=args.probe_speed, **grid)
     if args.recalibrate:
         print(f"calibrating {model.zoo_name} again, after the grid ...", flush=True)
         cal.resimulate(df, runs, cal.calibrate(model, max(grid["max_batch_size"]),
@@ -370,6 +375,11 @@ def _run_validate(args) -> int:
             for m in headline) + "; the two calibrations' predictions apart by " + ", ".join(
             f"{m.removeprefix('latency_ms_')} "
             f"{summary[f'median_abs_between_calibrations_{m}']:.1%}" for m in headline))
+    if args.probe_speed:
+        print(f"the machine served {summary['speed_ratio_p5']:.2f}-"
+              f"{summary['speed_ratio_p95']:.2f}x as fast as at the start (5th-95th "
+              f"percentile over the rows); correlation of a row's p50 error with it: "
+              f"{summary['speed_corr_err_latency_ms_p50']:+.2f}")
     print(f"worst configuration (p99): {summary['worst']}")
     return 0
 

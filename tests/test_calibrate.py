@@ -453,7 +453,8 @@ def test_calibrate_takes_a_batcher_and_refuses_bad_arguments():
 
 
 def test_validate_command_writes_the_table_and_the_plot(tmp_path, capsys):
-    """Also ``--recalibrate``: every run simulated with a calibration made after the grid."""
+    """Also ``--recalibrate``: every run simulated with a calibration made after the grid;
+    ``--probe-speed``: each row's machine speed against the start's."""
     from batchsim.cli import main
 
     cal = CalibratedService(bs.AffineService(0.1, 0.002), 0.05, 0.002, (0.9, 1.0, 1.3),
@@ -462,15 +463,17 @@ def test_validate_command_writes_the_table_and_the_plot(tmp_path, capsys):
     code = main(["validate", "--model", "tiny-mlp", "--calibration", str(tmp_path / "cal.json"),
                  "--grid", "max_batch_size=4", "max_wait_ms=0,1", "load=0.2",
                  "--duration-s", "0.05", "-n", "200", "--out", str(tmp_path / "v.csv"),
-                 "--plot", str(tmp_path / "v.png"), "--recalibrate"])
+                 "--plot", str(tmp_path / "v.png"), "--recalibrate", "--probe-speed"])
     assert code == 0
     out = capsys.readouterr().out
     assert "median |relative error|: p50" in out and "worst configuration" in out
     assert "the two calibrations' predictions apart by p50" in out
+    assert "as fast as at the start" in out
     import pandas as pd
 
     table = pd.read_csv(tmp_path / "v.csv")
     assert len(table) == 2 and set(table["max_wait_ms"]) == {0.0, 1.0}
+    assert (table["speed_ratio"] > 0).all()
     # the file's made-up calibration and a real one predict apart
     assert (table["recal_err_latency_ms_p50"] != table["err_latency_ms_p50"]).all()
     assert (tmp_path / "v.png").stat().st_size > 0
