@@ -14,6 +14,8 @@ same inputs, at max_batch_size 64 and under saturation:
 * offline ``batch_inference`` (fixed batches of 64, no serving at all).
 
 Target: >= 100,000 requests/s through DynamicBatcher. Prints medians of ``--repeats``.
+Every variant runs with Python's garbage collector paused, as ``run_saturated`` runs
+(``batchsim._gc``).
 
 Part 2, ``--standin``: the H200 timing without a GPU. A ``VirtualGpu`` plays a zoo model
 on the H200: a model call holds the GIL for the Python part of each kernel launch and
@@ -52,6 +54,7 @@ import numpy as np
 import torch
 
 import batchsim as bs
+from batchsim._gc import collector_paused
 from batchsim.calibrate import run_on_one_cpu
 from batchsim.real import DynamicBatcher, InferenceBatcher, InputSpec, batch_inference
 from batchsim.real.batcher import _CudaSteps, _HostSteps, _Slot
@@ -131,7 +134,8 @@ def bench_identity(n: int, repeats: int) -> None:
     rps = {name: [] for name in runs}
     for _ in range(repeats):
         for name, fn in runs.items():
-            rps[name].append(fn(rows))
+            with collector_paused():  # as run_saturated has it, for every variant alike
+                rps[name].append(fn(rows))
     med = {name: statistics.median(v) for name, v in rps.items()}
     ref = med["DynamicBatcher, submit_nowait"]
     print(f"identity model on CPU, max_batch_size={MAX_BATCH}, {n} requests, "
@@ -274,7 +278,8 @@ def bench_standin(configs, repeats: int, seconds: float) -> None:
         ratio, stretch = ({k: [] for k in variants} for _ in range(2))
         peaks, launch_us = [], []
         for _ in range(repeats):
-            peaks.append(gpu.offline_peak_rps(b, seconds / 2))
+            with collector_paused():  # as run_saturated has it below
+                peaks.append(gpu.offline_peak_rps(b, seconds / 2))
             launch_us.append(gpu.mean_launch_us())
             n = max(20 * b, int(peaks[-1] * seconds))
             for label, (pipeline, workers) in variants.items():

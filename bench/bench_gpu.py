@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 import batchsim as bs
+from batchsim._gc import collector_paused
 from batchsim.real import DynamicBatcher, InferenceBatcher, make_model, profile_model
 from batchsim.real.loadgen import run_load, run_saturated
 from batchsim.real.profiler import device_name, device_slug, profile_filename
@@ -174,7 +175,7 @@ def offline_peak_rps(model, spec, dev, b: int, seconds: float, graphs: bool = Fa
         if cuda:
             torch.cuda.synchronize(dev)
 
-    with torch.no_grad():
+    with torch.no_grad(), collector_paused():  # as run_saturated has it for the batchers
         run(10)
         t0 = time.perf_counter()
         run(10)
