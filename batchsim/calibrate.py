@@ -588,9 +588,9 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
     ``probe_speed``: before the first row, and again right before each row's real run, a
     short saturated run at the row's max_batch_size (``SPEED_PROBE_BATCHES`` full
     batches); ``speed_ratio`` is the second's throughput over the first's. A shared
-    machine's speed drifts, and the calibration saw the machine as it was at the start:
-    ratios above 1 say the real run had a faster machine than the calibration did (the
-    simulator then predicts it slower).
+    machine's speed drifts: ratios above 1 say the row's real run had a faster machine
+    than the grid's start had (right after the calibration, where the grid follows it),
+    and the simulator then predicts it slower.
     """
     import pandas as pd
 
