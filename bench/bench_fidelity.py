@@ -73,6 +73,34 @@ def workloads() -> dict:
             "bursty": (bs.Bursty(4.0, 0.25, 0.02, 0.06), 3)}
 
 
+def add_machine_args(p: argparse.ArgumentParser) -> None:
+    """``--nice`` and ``--cpu``: how the bench keeps the machine's noise out."""
+    p.add_argument("--nice", type=int, default=0, help="os.nice increment (negative: root)")
+    p.add_argument("--cpu", type=int, default=None,
+                   help="run on this one CPU (the event loop and the batcher's worker share "
+                        "it; default: wherever the OS puts them)")
+
+
+def settle_machine(args):
+    """Apply ``--nice`` and ``--cpu``, then load torch with one thread; returns torch.
+
+    Before any thread starts (threads inherit the CPU) and before torch loads: tiny
+    models want one thread, and the environment variable reaches the worker threads too
+    (``torch.set_num_threads`` alone sets it for this thread only).
+    """
+    if args.nice:
+        os.nice(args.nice)
+    if args.cpu is not None:
+        from batchsim.calibrate import run_on_one_cpu
+
+        run_on_one_cpu(args.cpu, "--cpu")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    return torch
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="mlp", choices=["mlp", "cnn", "encoder"],
@@ -88,10 +116,7 @@ def main() -> None:
     p.add_argument("--profile", default="auto", choices=["auto", "model", "batcher"],
                    help="how calibrate times s(b) (default %(default)s: through the batcher "
                         "on CUDA, the model alone elsewhere)")
-    p.add_argument("--nice", type=int, default=0, help="os.nice increment (negative: root)")
-    p.add_argument("--cpu", type=int, default=None,
-                   help="run on this one CPU (the event loop and the batcher's worker share "
-                        "it; default: wherever the OS puts them)")
+    add_machine_args(p)
     p.add_argument("--out", default=str(RESULTS), help="results JSON (default %(default)s)")
     p.add_argument("--recalibrate", action="store_true",
                    help="calibrate again after the grid and simulate every row with that "
@@ -105,21 +130,10 @@ def main() -> None:
                         "real run, per arrival process (to take rows apart or re-simulate "
                         "them later)")
     args = p.parse_args()
-    if args.nice:
-        os.nice(args.nice)
-    if args.cpu is not None:  # before any thread starts: threads inherit it
-        from batchsim.calibrate import run_on_one_cpu
-
-        run_on_one_cpu(args.cpu, "--cpu")
-    # Tiny models: one thread. The environment variable reaches the worker threads too
-    # (torch.set_num_threads alone sets it for this thread only), before torch loads.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
+    torch = settle_machine(args)
 
     from batchsim.calibrate import calibrate, fidelity, resimulate
     from batchsim.real import make_model
-
-    torch.set_num_threads(1)
 
     model = make_model(args.model, device=args.device, dtype=args.dtype, size=args.size)
     chosen = {name: workloads()[name] for name in args.workloads.split(",")}

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_fidelity import add_machine_args, settle_machine, workloads
 
 import batchsim as bs
 
@@ -82,24 +83,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="mlp", choices=["mlp", "cnn", "encoder"])
     p.add_argument("--quick", action="store_true", help="a smoke run of seconds")
-    p.add_argument("--nice", type=int, default=0, help="os.nice increment (negative: root)")
-    p.add_argument("--cpu", type=int, default=None, help="run on this one CPU")
+    add_machine_args(p)
     p.add_argument("--out", default=None, help="also write the rows and summaries as JSON")
     args = p.parse_args()
-    if args.nice:
-        os.nice(args.nice)
-    if args.cpu is not None:  # before any thread starts: threads inherit it
-        from batchsim.calibrate import run_on_one_cpu
-        run_on_one_cpu(args.cpu, "--cpu")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
+    torch = settle_machine(args)
 
     from batchsim.calibrate import BEHIND_MS, calibrate, compare
     from batchsim.real import make_model, run_load
     from batchsim.real.profiler import device_name
     from batchsim.sim import simulate
 
-    torch.set_num_threads(1)
     model = make_model(args.model, size="tiny")
     grid = (((8,), (0.0, 1.0), (0.5,)) if args.quick else
             ((4, 16, 64), (0.0, 1.0), (0.2, 0.5, 0.7, 0.9)))
@@ -112,8 +105,8 @@ def main() -> None:
               "nice": args.nice, "quick": args.quick, "duration_s": duration_s,
               "grid": dict(zip(("max_batch_size", "max_wait_ms", "load"), grid, strict=True)),
               "behind_ms": BEHIND_MS, "calibration": service.to_dict(), "workloads": {}}
-    for name, shape, seed in (("poisson", bs.Poisson(1.0), 1),
-                              ("bursty", bs.Bursty(4.0, 0.25, 0.02, 0.06), 3)):
+    for name in ("poisson", "bursty"):
+        shape, seed = workloads()[name]
         rows, timer = [], CollectionTimer()
         for k, (b, wait_ms, load) in enumerate(itertools.product(*grid)):
             policy = bs.BatchPolicy(b, wait_ms)
