@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from collector import collections_started
 
 import batchsim as bs
 from batchsim.real import DynamicBatcher, InferenceBatcher, InputSpec, run_load, run_saturated
@@ -76,30 +77,15 @@ def test_saturated_run_keeps_the_window_outstanding():
     assert (res.size[:-1] == 8).all()
 
 
-def _collections_during_the_run(run) -> int:
-    """How many garbage collections start while ``run()`` serves its requests.
-
-    That is on its event loop (running on this thread) or on the batcher's worker
-    threads; setting up before and building the result after may collect.
-    """
-    starts = []
-
-    def seen(phase, info):
-        if phase != "start":
-            return
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            if threading.current_thread() is threading.main_thread():
-                return
-        starts.append(info["generation"])
-
-    gc.callbacks.append(seen)
+def _serving() -> bool:
+    """Whether this thread serves requests now: it runs the harness's event loop, or it is
+    one of the batcher's worker threads (setting up before and building the result after
+    may collect)."""
     try:
-        run()
-    finally:
-        gc.callbacks.remove(seen)
-    return len(starts)
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return threading.current_thread() is not threading.main_thread()
+    return True
 
 
 @pytest.mark.parametrize("harness", [
@@ -113,9 +99,9 @@ def test_the_garbage_collector_does_not_run_during_a_run_unless_asked(harness):
     first threshold (700), so left to Python it collects during the run.
     """
     assert gc.isenabled()
-    assert _collections_during_the_run(harness) == 0
+    assert collections_started(harness, _serving) == 0
     assert gc.isenabled()
-    assert _collections_during_the_run(lambda: harness(pause_gc=False)) > 0
+    assert collections_started(lambda: harness(pause_gc=False), _serving) > 0
 
 
 def test_a_collector_turned_off_by_the_caller_stays_off():

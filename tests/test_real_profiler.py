@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from collector import collections_started
 
 import batchsim as bs
 from batchsim.cli import main
@@ -135,31 +136,15 @@ def hoarding(x):
 hoarding.input_spec = InputSpec((3,), torch.float32)
 
 
-def _collections_during(run) -> int:
-    """How many garbage collections start while ``run()`` runs."""
-    starts = []
-
-    def seen(phase, info):
-        if phase == "start":
-            starts.append(info["generation"])
-
-    gc.collect()  # the counters start at zero: setting up cannot bring one due
-    gc.callbacks.append(seen)
-    try:
-        run()
-    finally:
-        gc.callbacks.remove(seen)
-    return len(starts)
-
-
 @pytest.mark.parametrize("profile", [
     lambda: profile_model(hoarding, [1, 4], repeats=5, overhead=False),
     lambda: profile_batcher(hoarding, [1, 4], repeats=5),
 ])
 def test_no_garbage_collection_runs_while_the_profile_measures(profile):
     x = hoarding.input_spec.random(4)
-    assert _collections_during(lambda: [hoarding(x) for _ in range(20)]) > 0
-    assert _collections_during(profile) == 0
+    assert collections_started(lambda: [hoarding(x) for _ in range(20)]) > 0
+    gc.collect()  # the counters start at zero: setting up cannot bring one due
+    assert collections_started(profile) == 0
     assert gc.isenabled()
 
 
