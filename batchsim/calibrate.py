@@ -65,7 +65,7 @@ METRICS = ("latency_ms_p50", "latency_ms_p95", "latency_ms_p99", "latency_ms_mea
 
 def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_sizes=None,
               n_requests: int = 1200, duration_s: float = 0.5, repeats: int = 30,
-              timer_probes: int = 300, device=None, input_spec=None,
+              profile_s: float = 1.0, timer_probes: int = 300, device=None, input_spec=None,
               profile: str = "auto", seed: int = 0) -> CalibratedService:
     """Measure ``model_or_batcher`` and its batcher; a ``CalibratedService`` for ``simulate``.
 
@@ -73,17 +73,19 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     attribute, or give ``input_spec``) or a ``DynamicBatcher`` whose model, device, input
     spec and max_batch_size are used (it is not started: calibration serves the model
     with batchers of its own, one worker). ``batch_sizes``: where ``s(b)`` is timed,
-    ``repeats`` times each (default: powers of two up to ``max_batch_size``, and
-    it). ``profile``: how ``s(b)`` is timed -- ``"model"``, the model alone
-    (``profile_model``); ``"batcher"``, full batches through a one-worker batcher
-    (``profile_batcher``); ``"auto"``, the batcher on CUDA (whose graphs and pipeline the
-    model alone misses: on an H200, a calibration on the eager encoder put its capacity
-    at twice the measured one), else the model. The batcher is measured on ten
-    open-loop runs, Poisson at 2%, 10%, 25%, 40% and 70% of its saturated throughput, each
-    under a policy that waits for batches to fill and a greedy one: ``n_requests`` in
-    all, or more, ``duration_s`` of traffic per run.
-    ``timer_probes`` asyncio timers give the timer model. ``seed`` fixes the calibration's
-    arrivals (validate on other seeds). ``metadata`` keeps what was measured, and
+    ``repeats`` times each (default: powers of two up to ``max_batch_size``, and it).
+    ``profile``: how ``s(b)`` is timed -- ``"model"``, the model alone
+    (``profile_model``), in more rounds until ``profile_s`` seconds have passed (its
+    ``min_duration_s``: 30 rounds of a tiny model last milliseconds, and a neighbour's
+    moment of load bent the profile); ``"batcher"``, full batches through a one-worker
+    batcher (``profile_batcher``); ``"auto"``, the batcher on CUDA (whose graphs and
+    pipeline the model alone misses: on an H200, a calibration on the eager encoder put
+    its capacity at twice the measured one), else the model. The batcher is measured on
+    ten open-loop runs, Poisson at 2%, 10%, 25%, 40% and 70% of its saturated
+    throughput, each under a policy that waits for batches to fill and a greedy one:
+    ``n_requests`` in all, or more, ``duration_s`` of traffic per run. ``timer_probes``
+    asyncio timers give the timer model. ``seed`` fixes the calibration's arrivals
+    (validate on other seeds). ``metadata`` keeps what was measured, and
     ``cpus``, the CPUs this process may run on: on one CPU the event loop and the worker
     thread hand batches over faster than across two (``bench/bench_thread_placement.py``),
     so a calibration holds for runs placed as it was (``batchsim validate --cpu``).
@@ -112,6 +114,7 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     if n < 200:
         raise ValueError(f"n_requests must be at least 200, got {n_requests!r}")
     duration_s = _check.non_negative("duration_s", duration_s)
+    profile_s = _check.non_negative("profile_s", profile_s)
     spec = input_spec if input_spec is not None else getattr(model, "input_spec", None)
 
     _check.one_of("profile", profile, ("auto", "model", "batcher"))
@@ -121,7 +124,7 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
         s_b = profile_batcher(model, sizes, device=device, repeats=repeats, input_spec=spec)
     else:
         s_b = profile_model(model, sizes, device=device, repeats=repeats, input_spec=spec,
-                            overhead=False)
+                            overhead=False, min_duration_s=profile_s)
     runs = _calibration_runs(model, max_b, n, duration_s, device, spec, seed)
     release_fixed_ms, release_item_ms = _nonnegative_fit(*_releases(runs))
     release = BatcherCosts(release_ms=release_fixed_ms, release_per_item_ms=release_item_ms)

@@ -127,6 +127,32 @@ def test_a_slow_start_of_the_profile_falls_on_every_size_alike():
     assert max(prof.times_ms) < 2.0, prof.times_ms
     assert len(calls) == (warmup + 2 * repeats) * len(sizes)  # a batch before each timed one
 
+
+def test_a_minimum_duration_times_more_rounds_than_repeats():
+    """Rounds of two sizes, each size run twice (untimed, then timed) sleeping 1 ms:
+    a round takes at least 4 ms, so 0.1 s needs more than 3 rounds and at most 25."""
+    import time
+
+    spec = InputSpec((3,), torch.float32)
+    calls = []
+
+    def model(x):
+        calls.append(x.shape[0])
+        time.sleep(0.001)
+        return x
+
+    t0 = time.perf_counter()
+    prof = profile_model(model, [1, 2], repeats=3, warmup=0, input_spec=spec,
+                         overhead=False, min_duration_s=0.1)
+    assert time.perf_counter() - t0 >= 0.1
+    rounds = prof.metadata["repeats"]
+    assert 3 < rounds <= 25
+    assert len(calls) == 2 * 2 * rounds
+    short = profile_model(model, [1, 2], repeats=3, warmup=0, input_spec=spec,
+                          overhead=False)
+    assert short.metadata["repeats"] == 3
+
+
 def hoarding(x):
     """Allocates 2000 lists a call: past the collector's first threshold (700) each time."""
     assert len([[i] for i in range(2000)]) == 2000
@@ -160,6 +186,7 @@ def test_plain_callable_needs_an_input_spec():
     ({"batch_sizes": []}, "batch_sizes must not be empty"),
     ({"batch_sizes": [0, 4]}, "batch_sizes must be an integer"),
     ({"repeats": 0}, "repeats"),
+    ({"min_duration_s": -1.0}, "min_duration_s must be"),
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):

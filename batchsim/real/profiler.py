@@ -49,7 +49,7 @@ DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 def profile_model(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats: int = 20,
                   end_to_end: bool = True, *, warmup: int = 3, input_spec=None,
-                  overhead: bool = True) -> ProfileService:
+                  overhead: bool = True, min_duration_s: float = 0.0) -> ProfileService:
     """Measure ``s(b)`` of ``model`` for each of ``batch_sizes``; a ``ProfileService``.
 
     ``model``: a callable on a batched tensor with an ``input_spec`` (zoo models have
@@ -60,13 +60,17 @@ def profile_model(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats: 
     ``batcher_overhead_ms``, ``release_ms`` and ``staging_ms`` (see the module doc;
     skipped when ``overhead`` is False). The model runs on a thread of its own, as the
     batcher's workers run it (``_on_own_thread``). No automatic garbage collection runs
-    while it measures (``batchsim._gc``).
+    while it measures (``batchsim._gc``). ``min_duration_s``: keep timing rounds past
+    ``repeats`` until the rounds have taken this long (``metadata["repeats"]`` says how
+    many ran), so that a few milliseconds of a busy neighbour do not decide the medians
+    of a model whose rounds are short (see ``_time_batches``).
     """
     spec, sizes, repeats, dev = _setup(model, batch_sizes, device, repeats, input_spec)
     warmup = int(_check.non_negative("warmup", warmup))
+    min_duration_s = _check.non_negative("min_duration_s", min_duration_s)
     with collector_paused():
         return _on_own_thread(_measure_model, model, spec, dev, sizes, repeats, warmup,
-                              bool(end_to_end), bool(overhead))
+                              bool(end_to_end), bool(overhead), min_duration_s)
 
 
 def _on_own_thread(fn, *args):
@@ -84,9 +88,10 @@ def _on_own_thread(fn, *args):
 
 
 def _measure_model(model, spec, dev, sizes, repeats, warmup, end_to_end,
-                   overhead) -> ProfileService:
+                   overhead, min_duration_s) -> ProfileService:
     """``profile_model``'s measurements, on the thread that calls this."""
-    samples_ms = _time_batches(model, spec, dev, sizes, repeats, warmup, end_to_end)
+    samples_ms = _time_batches(model, spec, dev, sizes, repeats, warmup, end_to_end,
+                               min_duration_s)
     prof = _profile(model, spec, dev, sizes, samples_ms, through="model",
                     end_to_end=end_to_end or dev.type == "cpu", warmup=warmup)
     if overhead:
@@ -181,8 +186,9 @@ def _saturated(model, spec: InputSpec, dev: torch.device, b: int, batches: int):
 
 
 def _time_batches(model, spec: InputSpec, dev: torch.device, sizes: list[int], repeats: int,
-                  warmup: int, end_to_end: bool) -> list[np.ndarray]:
-    """Per size in ``sizes``, ``repeats`` timings in ms of one batch of it.
+                  warmup: int, end_to_end: bool, min_duration_s: float = 0.0) -> list[np.ndarray]:
+    """Per size in ``sizes``, timings in ms of one batch of it: ``repeats`` rounds, and
+    more until the rounds have taken ``min_duration_s``.
 
     Each size first runs ``warmup`` times untimed; then the sizes are timed in rounds,
     one batch of each per round, each right after an untimed batch of its own size (so
@@ -191,22 +197,29 @@ def _time_batches(model, spec: InputSpec, dev: torch.device, sizes: list[int], r
     runs of a thread still pay: the tiny MLP's ``s(1)`` came out 20% above ``s(2)`` in
     each of four fresh processes, and a simulator calibrated on it made the batches of
     one too slow. In rounds, such a drift -- and a neighbour's load coming and going -- falls on
-    every size alike.
+    every size alike. But when a round is short, a few rounds are a few milliseconds, and
+    a neighbour busy for those moved every median: on one shared CPU, profiles of the tiny
+    MLP 30 rounds long (about 15 ms) had a size off the shape of the typical profile by
+    12.8% at the 95th percentile and up to 27%; a second long, by 4.6% and 6.6%
+    (``bench/bench_profile_noise.py``).
     """
     cuda = dev.type == "cuda"
     steps = [_step(model, spec, dev, b, cuda and end_to_end) for b in sizes]
-    times_ms = np.empty((len(sizes), repeats))
+    rounds = []
     with torch.no_grad():
         for step in steps:
             for _ in range(warmup):
                 step()
-        for i in range(repeats):
-            for k, step in enumerate(steps):
+        start_s = time.perf_counter()
+        while len(rounds) < repeats or time.perf_counter() - start_s < min_duration_s:
+            times_ms = []
+            for step in steps:
                 step()
                 t0 = time.perf_counter()
                 step()
-                times_ms[k, i] = 1000.0 * (time.perf_counter() - t0)
-    return list(times_ms)
+                times_ms.append(1000.0 * (time.perf_counter() - t0))
+            rounds.append(times_ms)
+    return list(np.array(rounds).T)
 
 
 def _step(model, spec: InputSpec, dev: torch.device, b: int, copies: bool):
