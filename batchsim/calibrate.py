@@ -23,8 +23,10 @@ The batcher's costs are a ``BatcherCosts`` that both simulation engines apply.
 mean, throughput, mean batch size and their relative errors, and the error of every
 request); ``run_pair`` runs the real batcher and the simulator on the same arrivals;
 ``fidelity`` does that over a grid and ``fidelity_summary`` reduces it to the headline
-errors; ``plot_fidelity`` draws them. Importing this module is light; torch loads when
-something real runs.
+errors; ``plot_fidelity`` draws them. ``worker_time_ratio`` measures how slow a real
+run's batches ran against the calibration, and ``at_speed`` gives the service on a
+machine that slow: how much of an error the machine's drifting speed explains.
+Importing this module is light; torch loads when something real runs.
 
 The module is callable: ``batchsim.calibrate(model)`` is ``batchsim.calibrate.calibrate``
 (the package attribute and the module share the name).
@@ -222,15 +224,8 @@ def _worker_fit(runs, profile, release: BatcherCosts, min_batches: int = 10) -> 
     others' excess over it the wake-up table. The spread: each batch's time over its
     prediction.
     """
-    b, y, during, idle = [], [], [], []
-    for res in runs:
-        keep = slice(2, None)     # the first batches warm the worker up
-        free_s = np.r_[-np.inf, res.end_s[:-1] + release.release_s(res.size[:-1])]
-        b.append(res.size[keep])
-        y.append(1e3 * (res.end_s - res.start_s)[keep])
-        during.append(_received_during(res)[keep])
-        idle.append(1e3 * np.maximum(res.start_s - free_s, 0.0)[keep])
-    b, worker_ms, during, idle = (np.concatenate(v) for v in (b, y, during, idle))
+    b, worker_ms, during, idle = (np.concatenate(v) for v in zip(
+        *(_batches(res, release) for res in runs), strict=True))
     y = worker_ms - profile.mean_ms(b)
     bins = np.digitize(idle, IDLE_EDGES_MS[1:-1])
     levels = np.unique(bins).tolist()
@@ -251,9 +246,9 @@ def _worker_fit(runs, profile, release: BatcherCosts, min_batches: int = 10) -> 
         if not idle_ms or t > idle_ms[-1]:
             idle_ms.append(t)
             wake_ms.append(max(float(w), 0.0))
-    table = BatcherCosts(idle_ms=tuple(idle_ms), wake_ms=tuple(wake_ms))
-    predicted = (profile.mean_ms(b) + per_batch_ms + per_item_ms * b + arrival_ms * during
-                 + 1e3 * np.array([table.wake_s(t / 1e3) for t in idle]))
+    fitted = CalibratedService(profile, per_batch_ms, per_item_ms, costs=BatcherCosts(
+        arrival_ms=arrival_ms, idle_ms=tuple(idle_ms), wake_ms=tuple(wake_ms)))
+    predicted = _typical_ms(fitted, b, during, idle)
     # The spread is the batcher's own. A batch that took over STALL_MS longer than
     # predicted (and beyond four median deviations) was stalled by the machine: a
     # neighbour took the core, the interpreter collected garbage. Such stalls come at
@@ -268,6 +263,70 @@ def _worker_fit(runs, profile, release: BatcherCosts, min_batches: int = 10) -> 
                                                   np.linspace(0, 1, N_QUANTILES))),
             "batches": int(b.size), "stalled_batches": int(stalled.sum()),
             "stall_ms_per_s": float(resid[stalled].sum() / span_s)}
+
+
+def _batches(res: RunResult, release: BatcherCosts) -> tuple[np.ndarray, ...]:
+    """Per batch of ``res`` but its first two (they warm the worker up): its size, the
+    time it held its worker (ms), the requests received during it and how long (ms) its
+    worker sat idle before it (from its release, ``release``'s cost after the last)."""
+    keep = slice(2, None)
+    free_s = np.r_[-np.inf, res.end_s[:-1] + release.release_s(res.size[:-1])]
+    return (res.size[keep], 1e3 * (res.end_s - res.start_s)[keep],
+            _received_during(res)[keep], 1e3 * np.maximum(res.start_s - free_s, 0.0)[keep])
+
+
+def _typical_ms(service: CalibratedService, b, during, idle_ms) -> np.ndarray:
+    """The typical time (ms) a batch of ``b`` holds its worker, ``during`` requests
+    received while it ran, ``idle_ms`` after its worker sat idle: before the spread."""
+    costs = service.costs
+    return (service.model.mean_ms(b) + service.per_batch_ms + service.per_item_ms * b
+            + costs.arrival_ms * np.asarray(during)
+            + 1e3 * np.array([costs.wake_s(t / 1e3) for t in idle_ms]))
+
+
+def worker_time_ratio(service: CalibratedService, res: RunResult) -> float:
+    """How slow the machine ran a real run's batches against the calibration: the median
+    over its batches of the time each held its worker over ``service``'s typical time
+    for it, over the same median in the calibration (the spread's median).
+
+    1 is the calibration's speed; 1.1, batches 10% slower. A shared machine's speed
+    drifts by that much within a minute (``bench/bench_profile_noise.py``), and the
+    simulator cannot know it beforehand; ``at_speed`` tells it, after the fact.
+    """
+    if not isinstance(service, CalibratedService):
+        raise ValueError(f"service must be a CalibratedService, got {service!r}")
+    b, worker_ms, during, idle = _batches(res, service.costs)
+    if not b.size:
+        raise ValueError(f"res must have more than two batches, got {res.size.size}")
+    q = np.asarray(service.jitter_quantiles)
+    spread_median = float(np.interp(0.5, np.linspace(0, 1, q.size), q)) if q.size else 1.0
+    return float(np.median(worker_ms / _typical_ms(service, b, during, idle))) / spread_median
+
+
+def at_speed(service: CalibratedService, ratio: float) -> CalibratedService:
+    """``service`` on a machine ``ratio`` times as slow: every part of a batch's time on
+    its worker (``s(b)``, the costs per batch and per request, the delay per arrival
+    during it, the wake-up after idle) times ``ratio``; the event loop's delays and the
+    timer as they were."""
+    from dataclasses import replace
+
+    from .service import AffineService, ProfileService
+
+    ratio = _check.positive("ratio", ratio)
+    model = getattr(service, "model", None)
+    if isinstance(model, ProfileService):
+        model = replace(model, times_ms=tuple(ratio * t for t in model.times_ms))
+    elif isinstance(model, AffineService):
+        model = replace(model, base_ms=ratio * model.base_ms,
+                        per_item_ms=ratio * model.per_item_ms)
+    else:
+        raise ValueError(f"service must be a CalibratedService of a profile or an affine "
+                         f"s(b), got {service!r}")
+    costs = service.costs
+    return replace(service, model=model, per_batch_ms=ratio * service.per_batch_ms,
+                   per_item_ms=ratio * service.per_item_ms, costs=replace(
+                       costs, arrival_ms=ratio * costs.arrival_ms,
+                       wake_ms=tuple(ratio * w for w in costs.wake_ms)))
 
 
 def _within(resid: np.ndarray, groups=None, mads: float = 4.0) -> np.ndarray:
@@ -593,7 +652,12 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
     batches); ``speed_ratio`` is the second's throughput over the first's. A shared
     machine's speed drifts: ratios above 1 say the row's real run had a faster machine
     than the grid's start had (right after the calibration, where the grid follows it),
-    and the simulator then predicts it slower.
+    and the simulator then predicts it slower. With a ``CalibratedService``, each row's
+    ``worker_time_ratio`` says how slow its real batches ran against the calibration,
+    measured on the run itself rather than before it (``worker_time_ratio``), and
+    ``speed_err_*`` columns are the errors of the simulator told that speed
+    (``at_speed``): what is left when the machine's speed is taken out -- the mechanisms
+    the simulator misses, and the spread.
     """
     import pandas as pd
 
@@ -625,6 +689,12 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
                                      > row["sim_lateness_ms_p99"] + BEHIND_MS)
         row.update(speed)
         row.update(compare(real, sim).row())
+        if isinstance(service, CalibratedService):
+            row["worker_time_ratio"] = worker_time_ratio(service, real)
+            told = simulate(Trace(real.meta["scheduled_s"]), policy,
+                            at_speed(service, row["worker_time_ratio"]), seed=seed,
+                            sender="loop")
+            row.update(_rel_errors("speed_err", real, told))
         recorded = simulate(Trace(real.arrival_s), policy, service, seed=seed)
         row.update(_rel_errors("rec_err", real, recorded))
         if baseline is not None:
@@ -686,7 +756,9 @@ def fidelity_summary(df) -> dict:
     worst row by p99. Where rows say ``harness_behind``: how many, and
     ``median_abs_kept_*``, the simulator's errors over the other rows. With another
     calibration (``resimulate``), ``median_abs_between_calibrations_*``: how far its
-    prediction is from the first's, relative to the first's. With ``speed_ratio``
+    prediction is from the first's, relative to the first's. ``median_abs_at_speed_*``:
+    the simulator told each row's speed (``speed_err_*``); with ``worker_time_ratio``, its
+    5th and 95th percentiles over the rows. With ``speed_ratio``
     (``probe_speed``): its 5th and 95th percentiles over the rows, and the correlation
     of each row's p50 error with it (``speed_corr_err_latency_ms_p50``)."""
     out = {"configurations": len(df)}
@@ -700,13 +772,17 @@ def fidelity_summary(df) -> dict:
             out[f"median_abs_kept_{metric}"] = (float(kept[f"err_{metric}"].abs().median())
                                                 if len(kept) else math.nan)
         for prefix, name in (("floor_err", "floor"), ("base_err", "base"),
-                             ("rec_err", "recorded"), ("recal_err", "recalibrated")):
+                             ("rec_err", "recorded"), ("recal_err", "recalibrated"),
+                             ("speed_err", "at_speed")):
             if f"{prefix}_{metric}" in df:
                 out[f"median_abs_{name}_{metric}"] = float(df[f"{prefix}_{metric}"].abs()
                                                            .median())
         if f"recal_err_{metric}" in df:
             apart = (1 + df[f"recal_err_{metric}"]) / (1 + df[f"err_{metric}"]) - 1
             out[f"median_abs_between_calibrations_{metric}"] = float(apart.abs().median())
+    if "worker_time_ratio" in df:
+        out["worker_time_ratio_p5"], out["worker_time_ratio_p95"] = (
+            float(q) for q in np.percentile(df["worker_time_ratio"], [5, 95]))
     if "speed_ratio" in df:
         out["speed_ratio_p5"], out["speed_ratio_p95"] = (
             float(q) for q in np.percentile(df["speed_ratio"], [5, 95]))

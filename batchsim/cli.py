@@ -369,6 +369,12 @@ def _run_validate(args) -> int:
               f"set their latencies); over the others: " + ", ".join(
                   f"{m.removeprefix('latency_ms_')} {summary[f'median_abs_kept_{m}']:.1%}"
                   for m in headline))
+    if "worker_time_ratio" in df:
+        print(f"told each row's speed (its batches took {summary['worker_time_ratio_p5']:.2f}-"
+              f"{summary['worker_time_ratio_p95']:.2f}x the calibration's time, 5th-95th "
+              f"percentile): " + ", ".join(
+                  f"{m.removeprefix('latency_ms_')} {summary[f'median_abs_at_speed_{m}']:.1%}"
+                  for m in headline))
     if args.recalibrate:
         print("with the calibration made after the grid: " + ", ".join(
             f"{m.removeprefix('latency_ms_')} {summary[f'median_abs_recalibrated_{m}']:.1%}"

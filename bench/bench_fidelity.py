@@ -16,7 +16,9 @@ Every real run is made twice on the same arrivals: the second against the first
 it can be closer. The simulator gets the load generator's schedule and models how the
 requests reach the batcher through its event loop (``sender="loop"``); each run is also
 simulated from the arrival instants the batcher recorded (``recorded``: what modelling
-the sender buys) and with the model's ``s(b)`` alone (``base``: what calibration buys).
+the sender buys), with the model's ``s(b)`` alone (``base``: what calibration buys), and
+with the calibration at the speed the run's own batches ran (``at_speed``: what is left
+once the machine's drift is taken out).
 Rows where the real load generator fell behind its schedule (``harness_behind``) measure
 the harness more than the batcher; each summary also gives the errors without them. The
 calibration times ``s(b)`` through the batcher on CUDA and on the model alone elsewhere
@@ -190,6 +192,11 @@ def main() -> None:
               f"the others: p50 {summary['median_abs_kept_latency_ms_p50']:.1%}, p99 "
               f"{summary['median_abs_kept_latency_ms_p99']:.1%}; worst: {summary['worst']}",
               flush=True)
+        print(f"   told each row's speed (its batches took "
+              f"{summary['worker_time_ratio_p5']:.2f}-{summary['worker_time_ratio_p95']:.2f}x "
+              f"the calibration's time, 5th-95th percentile): p50 "
+              f"{summary['median_abs_at_speed_latency_ms_p50']:.1%}, p99 "
+              f"{summary['median_abs_at_speed_latency_ms_p99']:.1%}", flush=True)
         if args.probe_speed:
             print(f"   the machine served {summary['speed_ratio_p5']:.2f}-"
                   f"{summary['speed_ratio_p95']:.2f}x as fast as at the start of the set "

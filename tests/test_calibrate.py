@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 from service_fakes import sleeping_model
 
 import batchsim as bs
-from batchsim.calibrate import CAPACITY_TOLERANCE, capacity_check, compare, fidelity_summary
+from batchsim.calibrate import (
+    CAPACITY_TOLERANCE,
+    at_speed,
+    capacity_check,
+    compare,
+    fidelity_summary,
+    worker_time_ratio,
+)
 from batchsim.result import RunRecorder
 from batchsim.service import BatcherCosts, CalibratedService
 
@@ -85,6 +92,50 @@ def test_capacity_counts_release_and_the_stretch_of_arrivals():
     rate = 4 / cycle_s                      # at saturation: b arrivals per cycle
     batch_s = cycle_s - 0.25 * MS
     assert batch_s == pytest.approx(1 * MS + 0.05 * MS * rate * batch_s)
+
+
+def costly_service(jitter_quantiles=()) -> CalibratedService:
+    """A calibrated service with every cost a batch's worker time has."""
+    return CalibratedService(
+        bs.ProfileService((1, 8), (0.5, 1.2)), per_batch_ms=0.1, per_item_ms=0.01,
+        jitter_quantiles=jitter_quantiles,
+        costs=BatcherCosts(react_ms=0.02, release_ms=0.03, release_per_item_ms=0.001,
+                           timer_resolution_ms=1.0, timer_latency_ms=0.05, arrival_ms=0.005,
+                           idle_ms=(0.01, 1.0), wake_ms=(0.0, 0.05)))
+
+
+def test_at_speed_scales_the_workers_time_and_leaves_the_loop_alone():
+    svc = costly_service((0.8, 1.0, 1.6))
+    slow = at_speed(svc, 1.5)
+    b = np.array([1, 4, 8])
+    np.testing.assert_allclose(slow.mean_ms(b), 1.5 * svc.mean_ms(b))
+    assert slow.jitter_quantiles == svc.jitter_quantiles
+    assert slow.costs.arrival_ms == pytest.approx(1.5 * svc.costs.arrival_ms)
+    assert slow.costs.wake_s(0.5e-3) == pytest.approx(1.5 * svc.costs.wake_s(0.5e-3))
+    for same in ("react_ms", "release_ms", "release_per_item_ms", "timer_resolution_ms",
+                 "timer_latency_ms", "idle_ms"):
+        assert getattr(slow.costs, same) == getattr(svc.costs, same)
+    affine = CalibratedService(bs.AffineService(1.0, 0.1), per_batch_ms=0.5)
+    np.testing.assert_allclose(at_speed(affine, 0.5).mean_ms(b),
+                               0.5 * affine.mean_ms(b))
+    with pytest.raises(ValueError, match="ratio must be"):
+        at_speed(svc, 0.0)
+    with pytest.raises(ValueError, match="service must be a CalibratedService"):
+        at_speed(bs.AffineService(1.0, 0.1), 2.0)
+
+
+@pytest.mark.parametrize("speed", [0.7, 1.0, 1.3])
+def test_worker_time_ratio_reads_back_the_speed_a_run_was_simulated_at(speed):
+    """Without a spread, every batch of a run simulated at ``speed`` holds its worker
+    exactly ``speed`` times the typical time: the ratio is ``speed`` to rounding, with
+    batches stretched by arrivals, woken after idle, full and timed out."""
+    svc = costly_service()
+    run = bs.simulate(bs.Poisson(0.6 * svc.capacity_rps(8)), bs.BatchPolicy(8, 0.5),
+                      at_speed(svc, speed), n_requests=3000, seed=4)
+    assert {int(t) for t in run.trigger} >= {bs.policy.SIZE, bs.policy.TIMEOUT}
+    assert worker_time_ratio(svc, run) == pytest.approx(speed, rel=1e-9)
+    with pytest.raises(ValueError, match="service must be a CalibratedService"):
+        worker_time_ratio(svc.model, run)
 
 
 def test_calibrated_service_saves_and_loads(tmp_path):
@@ -369,6 +420,8 @@ def test_fidelity_summary_counts_rows_where_the_harness_fell_behind_and_sets_the
         row.update({f"err_{m}": 0.01 for m in ("latency_ms_p95", "latency_ms_mean",
                                                "throughput_rps", "mean_batch_size")})
         row["recal_err_latency_ms_p50"] = -0.01 * (k + 1)   # another calibration
+        row["speed_err_latency_ms_p50"] = 0.5 * p50          # told the row's speed
+        row["worker_time_ratio"] = 1.0 + 0.1 * k
         rows.append(row)
     out = fidelity_summary(pd.DataFrame(rows))
     assert out["configurations"] == 4 and out["harness_behind"] == 1
@@ -381,6 +434,10 @@ def test_fidelity_summary_counts_rows_where_the_harness_fell_behind_and_sets_the
     assert out["median_abs_kept_latency_ms_p50"] == pytest.approx(0.04)  # the three kept
     assert out["median_abs_kept_latency_ms_p99"] == pytest.approx(0.2)
     assert out["worst"]["err_latency_ms_p99"] == 2.0
+    assert out["median_abs_at_speed_latency_ms_p50"] == pytest.approx(0.025)
+    assert out["worker_time_ratio_p5"] == pytest.approx(1.0 + 0.3 * 0.05)
+    assert out["worker_time_ratio_p95"] == pytest.approx(1.0 + 0.3 * 0.95)
+
 
 # -- calibrate() on a model of known cost -----------------------------------------------
 
@@ -473,11 +530,12 @@ def test_validate_command_writes_the_table_and_the_plot(tmp_path, capsys):
     assert "median |relative error|: p50" in out and "worst configuration" in out
     assert "the two calibrations' predictions apart by p50" in out
     assert "as fast as at the start" in out
+    assert "told each row's speed" in out
     import pandas as pd
 
     table = pd.read_csv(tmp_path / "v.csv")
     assert len(table) == 2 and set(table["max_wait_ms"]) == {0.0, 1.0}
-    assert (table["speed_ratio"] > 0).all()
+    assert (table["speed_ratio"] > 0).all() and (table["worker_time_ratio"] > 0).all()
     # the file's made-up calibration and a real one predict apart
     assert (table["recal_err_latency_ms_p50"] != table["err_latency_ms_p50"]).all()
     assert (tmp_path / "v.png").stat().st_size > 0
