@@ -77,10 +77,10 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     with batchers of its own, one worker). ``batch_sizes``: where ``s(b)`` is timed,
     ``repeats`` times each (default: powers of two up to ``max_batch_size``, and it).
     ``profile``: how ``s(b)`` is timed -- ``"model"``, the model alone
-    (``profile_model``), in more rounds until ``profile_s`` seconds have passed (its
+    (``profile_model``); ``"batcher"``, full batches through a one-worker batcher
+    (``profile_batcher``); either for at least ``profile_s`` seconds (their
     ``min_duration_s``: 30 rounds of a tiny model last milliseconds, and a neighbour's
-    moment of load bent the profile); ``"batcher"``, full batches through a one-worker
-    batcher (``profile_batcher``); ``"auto"``, the batcher on CUDA (whose graphs and
+    moment of load bent the profile); ``"auto"``, the batcher on CUDA (whose graphs and
     pipeline the model alone misses: on an H200, a calibration on the eager encoder put
     its capacity at twice the measured one), else the model. The batcher is measured on
     ten open-loop runs, Poisson at 2%, 10%, 25%, 40% and 70% of its saturated
@@ -123,7 +123,8 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     if profile == "auto":
         profile = "batcher" if model_device(model, device).type == "cuda" else "model"
     if profile == "batcher":
-        s_b = profile_batcher(model, sizes, device=device, repeats=repeats, input_spec=spec)
+        s_b = profile_batcher(model, sizes, device=device, repeats=repeats, input_spec=spec,
+                              min_duration_s=profile_s)
     else:
         s_b = profile_model(model, sizes, device=device, repeats=repeats, input_spec=spec,
                             overhead=False, min_duration_s=profile_s)

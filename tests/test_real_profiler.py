@@ -64,6 +64,22 @@ def test_profile_through_the_batcher_times_full_batches_on_its_worker():
         profile_batcher(sleeping_model(2.0, 0.25), [1], repeats=0)
 
 
+def test_profile_through_the_batcher_passes_again_until_its_minimum_duration():
+    """A pass serves 5 batches of each of two sizes, 2.25-3 ms each, in tens of
+    milliseconds: 0.3 s takes several passes, each adding 3 timed batches a size."""
+    import time
+
+    from service_fakes import sleeping_model
+
+    t0 = time.perf_counter()
+    prof = profile_batcher(sleeping_model(2.0, 0.25), [1, 4], repeats=3, min_duration_s=0.3)
+    assert time.perf_counter() - t0 >= 0.3
+    timed = prof.metadata["repeats"]
+    assert timed > 3 and timed % 3 == 0, timed
+    with pytest.raises(ValueError, match="min_duration_s must be"):
+        profile_batcher(sleeping_model(2.0, 0.25), [1], min_duration_s=-0.1)
+
+
 def test_profile_through_the_batcher_lets_each_output_go_when_its_batch_ends():
     """Outputs kept to the end of the profile would make every batch allocate anew (on
     CUDA: pin a new output buffer, slow). Here the model counts, at each call, how many

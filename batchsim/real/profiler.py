@@ -103,11 +103,13 @@ def _measure_model(model, spec, dev, sizes, repeats, warmup, end_to_end,
 
 
 def profile_batcher(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats: int = 20,
-                    *, input_spec=None) -> ProfileService:
+                    *, input_spec=None, min_duration_s: float = 0.0) -> ProfileService:
     """``s(b)`` as ``DynamicBatcher`` serves ``model``: for each ``b``, the median time a
     full batch holds the worker (dispatch to end) of a one-worker batcher of
     ``max_batch_size=b`` that was handed ``repeats + 2`` batches at once (the first two
-    are not counted; nothing arrives while a batch runs).
+    are not counted; nothing arrives while a batch runs). Such a pass over the sizes is
+    made again until the passes have taken ``min_duration_s``, as ``profile_model``'s
+    rounds are (``metadata["repeats"]``: the batches timed per size).
 
     Unlike ``profile_model``, this times what the batcher runs: on CUDA, its CUDA graph
     replays and its stage/launch/complete pipeline of threads with their copies, which
@@ -117,12 +119,16 @@ def profile_batcher(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats
     automatic garbage collection runs while it measures (``batchsim._gc``).
     """
     spec, sizes, repeats, dev = _setup(model, batch_sizes, device, repeats, input_spec)
-    samples_ms = []
+    min_duration_s = _check.non_negative("min_duration_s", min_duration_s)
+    samples_ms = [[] for _ in sizes]
     with collector_paused():
-        for b in sizes:
-            res = _saturated(model, spec, dev, b, repeats + 2)
-            samples_ms.append(1000.0 * (res.end_s - res.start_s)[2:])
-    return _profile(model, spec, dev, sizes, samples_ms, through="batcher")
+        start_s = time.perf_counter()
+        while not samples_ms[0] or time.perf_counter() - start_s < min_duration_s:
+            for timed, b in zip(samples_ms, sizes, strict=True):
+                res = _saturated(model, spec, dev, b, repeats + 2)
+                timed.extend(1000.0 * (res.end_s - res.start_s)[2:])
+    return _profile(model, spec, dev, sizes, [np.array(t) for t in samples_ms],
+                    through="batcher")
 
 
 def _setup(model, batch_sizes, device, repeats, input_spec):
