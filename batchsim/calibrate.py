@@ -604,8 +604,18 @@ def run_pair(model, service: ServiceModel, policy: BatchPolicy, workload: Worklo
                     device=device)
     if arrivals == "recorded":
         return real, simulate(Trace(real.arrival_s), policy, service, seed=seed)
-    return real, simulate(Trace(real.meta["scheduled_s"]), policy, service, seed=seed,
-                          sender="loop")
+    return real, _simulate_schedule(real, policy, service, seed)
+
+
+def _simulate_schedule(real: RunResult, policy: BatchPolicy, service: ServiceModel,
+                      seed=0) -> RunResult:
+    """``service``'s simulation of the requests a real ``run_load`` run was due to send
+    (its ``scheduled_s``), sent by a load generator on the batcher's loop
+    (``sender="loop"``), as ``run_pair`` compares them."""
+    from .sim import simulate
+
+    return simulate(Trace(real.meta["scheduled_s"]), policy, service, seed=seed,
+                    sender="loop")
 
 
 #: ``fidelity`` flags a row whose real load generator was later than the simulated one
@@ -692,9 +702,8 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
         row.update(compare(real, sim).row())
         if isinstance(service, CalibratedService):
             row["worker_time_ratio"] = worker_time_ratio(service, real)
-            told = simulate(Trace(real.meta["scheduled_s"]), policy,
-                            at_speed(service, row["worker_time_ratio"]), seed=seed,
-                            sender="loop")
+            told = _simulate_schedule(real, policy,
+                                     at_speed(service, row["worker_time_ratio"]), seed)
             row.update(_rel_errors("speed_err", real, told))
         recorded = simulate(Trace(real.arrival_s), policy, service, seed=seed)
         row.update(_rel_errors("rec_err", real, recorded))
@@ -736,11 +745,8 @@ def resimulate(df, runs: list, service: ServiceModel) -> None:
     apart (``median_abs_between_calibrations_*``): how far the machine drifted between
     them, which two real runs seconds apart (the floor) do not see.
     """
-    from .sim import simulate
-
-    errors = [_rel_errors("recal_err", run["real"], simulate(
-        Trace(run["real"].meta["scheduled_s"]), run["policy"], service, seed=run["seed"],
-        sender="loop")) for run in runs]
+    errors = [_rel_errors("recal_err", run["real"], _simulate_schedule(
+        run["real"], run["policy"], service, run["seed"])) for run in runs]
     for column in errors[0]:
         df[column] = [e[column] for e in errors]
 
