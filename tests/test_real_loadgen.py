@@ -77,6 +77,33 @@ def test_saturated_run_keeps_the_window_outstanding():
     assert (res.size[:-1] == 8).all()
 
 
+@pytest.mark.parametrize("max_wait_ms", [0.0, math.inf])
+def test_outputs_go_as_their_requests_finish_while_the_queue_drains(max_wait_ms):
+    """200 requests sent at once: the sender is done long before the batcher, which then
+    drains its queue for about 25 batches. A server that answers its requests lets each
+    output go; kept to the end, every batch allocates anew (on CUDA: pins a new output
+    buffer, twice as slow for the encoder on an H200). The model counts, at each call, how
+    many earlier outputs are still alive: the last batch's may be (its futures' callbacks
+    can run after the next batch starts), older ones not. With ``max_wait_ms=inf`` the
+    last batch is only dispatched when the run closes the batcher: waiting for it before
+    closing would never end."""
+    import weakref
+
+    earlier, alive = [], []
+
+    def model(x):
+        alive.append(sum(ref() is not None for ref in earlier))
+        time.sleep(0.0005)
+        out = x + 1
+        earlier.append(weakref.ref(out))
+        return out
+
+    model.input_spec = SPEC
+    res = run_load(model, bs.Constant(1e6), bs.BatchPolicy(8, max_wait_ms), n_requests=196)
+    assert res.summary()["n_completed"] == 196
+    assert len(alive) >= 25 and max(alive) <= 2, alive
+
+
 def _serving() -> bool:
     """Whether this thread serves requests now: it runs the harness's event loop, or it is
     one of the batcher's worker threads (setting up before and building the result after
