@@ -163,7 +163,7 @@ async def _close_releasing(server, pending: deque) -> None:
 
     After a burst the queue can outlast the sending by hundreds of batches. Kept to the
     end, every output stays alive, and each batch allocates its output anew: on CUDA a
-    new pinned host buffer, which made the encoder's batches of 32 2.4x slower on an
+    new pinned host buffer, which made the encoder's batches of 32 2.1-2.9x slower on an
     H200 (``bench/results/README.md``). Closing runs alongside, since a batch that waits
     for more requests is only dispatched once the batcher closes.
     """
