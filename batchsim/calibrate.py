@@ -68,7 +68,8 @@ METRICS = ("latency_ms_p50", "latency_ms_p95", "latency_ms_p99", "latency_ms_mea
 def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_sizes=None,
               n_requests: int = 1200, duration_s: float = 0.5, repeats: int = 30,
               profile_s: float = 1.0, timer_probes: int = 300, device=None, input_spec=None,
-              profile: str = "auto", seed: int = 0) -> CalibratedService:
+              profile: str = "auto", seed: int = 0, runs: list | None = None
+              ) -> CalibratedService:
     """Measure ``model_or_batcher`` and its batcher; a ``CalibratedService`` for ``simulate``.
 
     ``model_or_batcher``: a model (a callable on a batched tensor with an ``input_spec``
@@ -91,6 +92,8 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     ``cpus``, the CPUs this process may run on: on one CPU the event loop and the worker
     thread hand batches over faster than across two (``bench/bench_thread_placement.py``),
     so a calibration holds for runs placed as it was (``batchsim validate --cpu``).
+    ``runs``: a list that gets the ten runs the costs were fitted on (``RunResult``s),
+    to refit them or take them apart later.
     """
     from .real import DynamicBatcher, profile_batcher, profile_model
     from .real.models import model_device
@@ -128,13 +131,15 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     else:
         s_b = profile_model(model, sizes, device=device, repeats=repeats, input_spec=spec,
                             overhead=False, min_duration_s=profile_s)
-    runs = _calibration_runs(model, max_b, n, duration_s, device, spec, seed)
-    release_fixed_ms, release_item_ms = _nonnegative_fit(*_releases(runs))
+    measured = _calibration_runs(model, max_b, n, duration_s, device, spec, seed)
+    if runs is not None:
+        runs.extend(measured)
+    release_fixed_ms, release_item_ms = _nonnegative_fit(*_releases(measured))
     release = BatcherCosts(release_ms=release_fixed_ms, release_per_item_ms=release_item_ms)
-    worker = _worker_fit(runs, s_b, release)
+    worker = _worker_fit(measured, s_b, release)
     resolution_ms, latency_ms, timer_fit = _timer(_check.positive_int(
         "timer_probes", timer_probes), seed)
-    costs = BatcherCosts(_react_ms(runs, release), release_fixed_ms, release_item_ms,
+    costs = BatcherCosts(_react_ms(measured, release), release_fixed_ms, release_item_ms,
                          resolution_ms, latency_ms, worker["arrival_ms"],
                          worker["idle_ms"], worker["wake_ms"])
     metadata = {
@@ -146,8 +151,8 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "batches": worker["batches"], "stalled_batches": worker["stalled_batches"],
         "stall_ms_per_s": worker["stall_ms_per_s"], "n_requests": n, "seed": seed,
-        "calibration_policies": [str(r.meta["policy"]) for r in runs],
-        "saturated_rps": runs[0].meta["saturated_rps"], "timer_fit": timer_fit,
+        "calibration_policies": [str(r.meta["policy"]) for r in measured],
+        "saturated_rps": measured[0].meta["saturated_rps"], "timer_fit": timer_fit,
     }
     service = CalibratedService(s_b, worker["per_batch_ms"], worker["per_item_ms"],
                                 worker["jitter_quantiles"], costs, metadata)

@@ -35,9 +35,10 @@ On a GPU: ``python bench/bench_fidelity.py --device cuda --dtype bfloat16 --size
 -- with one worker and no queue limits the simulator runs on the fast engine, which needs
 numpy only, so this runs where SimPy is not installed. The JSON is rewritten after every
 arrival process, so a run cut short keeps what it measured.
-``--save-runs FILE`` also keeps the calibrated service and each row's real run (gzipped
-pickle, rewritten with the JSON): a GPU machine's minutes are few, and the runs can then
-be taken apart and re-simulated elsewhere.
+``--save-runs FILE`` also keeps the calibrated service, the runs its costs were fitted on
+and each row's real run (gzipped pickle, rewritten with the JSON; with ``--recalibrate``
+the second calibration and its runs too): a GPU machine's minutes are few, and the runs
+can then be taken apart, refitted and re-simulated elsewhere.
 ``--probe-speed`` runs a short saturated run at each max_batch_size before each arrival
 set's grid and another before each row (``speed_ratio``: the row's over the start's),
 and correlates each row's p50 error with it: how much of the error is the machine's
@@ -128,9 +129,9 @@ def main() -> None:
                         "much faster or slower the machine served than at the start "
                         "(speed_ratio)")
     p.add_argument("--save-runs", default=None, metavar="PICKLE",
-                   help="also pickle (gzipped) the calibrated service and each row's first "
-                        "real run, per arrival process (to take rows apart or re-simulate "
-                        "them later)")
+                   help="also pickle (gzipped) the calibrated service, its calibration runs "
+                        "and each row's first real run, per arrival process (to take rows "
+                        "apart, refit or re-simulate them later)")
     args = p.parse_args()
     torch = settle_machine(args)
 
@@ -145,8 +146,9 @@ def main() -> None:
              "load": (0.2, 0.5, 0.7, 0.9)})
     duration_s = args.duration_s or (0.5 if args.quick else 1.5)
     t0 = time.perf_counter()
+    calibration_runs = []
     service = calibrate(model, max(grid["max_batch_size"]), seed=0, device=args.device,
-                        profile=args.profile)
+                        profile=args.profile, runs=calibration_runs)
     calibrate_s = time.perf_counter() - t0
     costs = service.costs
     print(f"calibrated {model.zoo_name} in {calibrate_s:.1f} s (s(b) timed through the "
@@ -168,7 +170,7 @@ def main() -> None:
               "loadavg_start": os.getloadavg(), "workloads": {}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    saved = {"service": service, "runs": {}}
+    saved = {"service": service, "calibration_runs": calibration_runs, "runs": {}}
     frames = {}
     for name, (shape, seed) in chosen.items():
         print(f"-- {name} (seed {seed})", flush=True)
@@ -211,8 +213,10 @@ def main() -> None:
         if args.save_runs:
             Path(args.save_runs).write_bytes(gzip.compress(pickle.dumps(saved)))
     if args.recalibrate:
+        saved["recalibration_runs"] = []
         again = calibrate(model, max(grid["max_batch_size"]), seed=0, device=args.device,
-                          profile=args.profile)
+                          profile=args.profile, runs=saved["recalibration_runs"])
+        saved["recalibration"] = again
         report["recalibration"] = again.to_dict()
         for name, df in frames.items():
             resimulate(df, saved["runs"][name], again)
@@ -230,6 +234,8 @@ def main() -> None:
                   flush=True)
         out.write_text(json.dumps(report, indent=1, default=float) + "\n")
         print(f"wrote {out}", flush=True)
+        if args.save_runs:
+            Path(args.save_runs).write_bytes(gzip.compress(pickle.dumps(saved)))
 
 
 def report_workload(report: dict, name: str, df) -> dict:

@@ -16,6 +16,7 @@ from service_fakes import sleeping_model
 
 import batchsim as bs
 from batchsim.calibrate import (
+    CALIBRATION_LOADS,
     CAPACITY_TOLERANCE,
     at_speed,
     capacity_check,
@@ -448,10 +449,18 @@ known_cost = sleeping_model(BASE_MS, PER_ITEM_MS, name="known_cost")
 
 
 @pytest.fixture(scope="module", params=["model", "batcher"])
-def calibrated(request):
-    """Calibrated with ``s(b)`` timed on the model alone and through the batcher."""
-    return bs.calibrate(known_cost, 8, n_requests=360, duration_s=0.0, repeats=8,
-                        timer_probes=60, profile=request.param, seed=0)
+def calibration(request):
+    """Calibrated with ``s(b)`` timed on the model alone and through the batcher; the
+    service and the runs its costs were fitted on."""
+    runs = []
+    service = bs.calibrate(known_cost, 8, n_requests=360, duration_s=0.0, repeats=8,
+                           timer_probes=60, profile=request.param, seed=0, runs=runs)
+    return service, runs
+
+
+@pytest.fixture
+def calibrated(calibration):
+    return calibration[0]
 
 
 def test_calibration_recovers_the_injected_cost(calibrated):
@@ -474,6 +483,15 @@ def test_calibration_recovers_the_injected_cost(calibrated):
     # Its capacity agrees with the saturated run it measured (calibrate warns if not).
     ratio = calibrated.metadata["capacity_ratio"]
     assert 1 / CAPACITY_TOLERANCE <= ratio <= CAPACITY_TOLERANCE, ratio
+
+
+def test_calibrate_hands_over_the_runs_it_fitted(calibration):
+    """Two policies at each of the calibration's loads; the fit skipped each run's first
+    two batches (they warm the worker up)."""
+    service, runs = calibration
+    assert len(runs) == 2 * len(CALIBRATION_LOADS)
+    assert [str(r.meta["policy"]) for r in runs] == service.metadata["calibration_policies"]
+    assert sum(r.size.size - 2 for r in runs) == service.metadata["batches"]
 
 
 def test_capacity_check_warns_when_the_model_misses_the_measured_capacity():

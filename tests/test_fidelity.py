@@ -131,7 +131,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_bench_fidelity_saves_the_service_and_each_rows_real_run(tmp_path):
-    """``bench_fidelity.py --save-runs``: what a GPU run brings back to be taken apart;
+    """``bench_fidelity.py --save-runs``: what a GPU run brings back to be taken apart
+    (the calibrations' own runs too);
     ``--recalibrate``: every row simulated with a second calibration too;
     ``--probe-speed``: each row's machine speed against the start's."""
     subprocess.run([sys.executable, "bench/bench_fidelity.py", "--quick", "--duration-s",
@@ -145,6 +146,13 @@ def test_bench_fidelity_saves_the_service_and_each_rows_real_run(tmp_path):
     rows = report["workloads"]["poisson"]["rows"]
     runs = saved["runs"]["poisson"]
     assert isinstance(saved["service"], bs.CalibratedService) and len(runs) == len(rows) == 12
+    # Both calibrations' runs, to refit them elsewhere.
+    assert (saved["recalibration"].per_batch_ms
+            == pytest.approx(report["recalibration"]["per_batch_ms"]))
+    for key, service in (("calibration_runs", saved["service"]),
+                         ("recalibration_runs", saved["recalibration"])):
+        assert ([str(r.meta["policy"]) for r in saved[key]]
+                == service.metadata["calibration_policies"])
     for run, row in zip(runs, rows, strict=True):
         assert set(run) == {"policy", "rate_rps", "seed", "real"}
         assert run["policy"].max_batch_size == row["max_batch_size"]
