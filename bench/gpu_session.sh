@@ -13,12 +13,13 @@
 #   placement (only with BATCHSIM_GPU_PLACEMENT=1, about 100 s more, outside HARD_S):
 #          saturated throughput with the batcher's threads on all CPUs, 1, 2 or 4, and
 #          with a shorter switch interval -> $OUT/placement_gpu_<device>.json;
-#   fidelity (only with BATCHSIM_GPU_FIDELITY=1, about 110 s more, outside HARD_S): the
-#          simulator calibrated on the encoder and the CNN at bfloat16 against the real
-#          batcher, quick grid, Poisson and bursts -> $OUT/fidelity_<model>_bfloat16.json,
-#          and the real runs -> $OUT/fidelity_<model>_runs.pkl.gz (to re-simulate them
-#          elsewhere; bench_fidelity.py; the fast engine simulates, so SimPy need not be
-#          there).
+#   fidelity (only with BATCHSIM_GPU_FIDELITY=1, about 170 s more on an H200, outside
+#          HARD_S): the simulator calibrated on the encoder and the CNN at bfloat16 against
+#          the real batcher, quick grid, Poisson (two seeds) and bursts, and a second
+#          calibration after the grid -> $OUT/fidelity_<model>_bfloat16.json, and both
+#          calibrations with their runs and the grid's real runs ->
+#          $OUT/fidelity_<model>_runs.pkl.gz (to refit and re-simulate them elsewhere;
+#          bench_fidelity.py; the fast engine simulates, so SimPy need not be there).
 # Each part is its own process under its own time limit, and every JSON is written as soon as
 # its numbers exist, so a failure or a timeout keeps everything measured before it. A CUDA
 # graph capture that fails falls back to the eager model and is reported in the JSON and log.
@@ -82,8 +83,8 @@ if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then
         dtype=bfloat16 FID=(--device cuda --size default)
     fi
     for model in encoder cnn; do
-        timeout -k 5 100 "$PYTHON" bench/bench_fidelity.py --model "$model" --quick \
-            --dtype "$dtype" --workloads poisson,bursty "${FID[@]}" \
+        timeout -k 5 200 "$PYTHON" bench/bench_fidelity.py --model "$model" --quick \
+            --dtype "$dtype" --workloads poisson,poisson-seed2,bursty --recalibrate "${FID[@]}" \
             --out "$OUT/fidelity_${model}_${dtype}.json" \
             --save-runs "$OUT/fidelity_${model}_runs.pkl.gz" 2>&1 | tee "$OUT/fidelity_${model}.log"
         echo "fidelity $model exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
