@@ -26,12 +26,19 @@
 # Needs python with torch and numpy; no install: run from anywhere.
 #   OUT=/some/dir bash bench/gpu_session.sh                      # on a GPU machine
 #   BATCHSIM_GPU_DRY=1 OUT=/tmp/x bash bench/gpu_session.sh      # CPU dry run, seconds
+# BATCHSIM_GPU_PACK=1: the parts write under $OUT/parts, packed into $OUT/all.tar.gz after
+# each part, for a lent machine that hands back only a few of the files under $OUT.
 set -u
 start=$SECONDS
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-bench/results}
+PACKED=$OUT
+if [ "${BATCHSIM_GPU_PACK:-0}" = 1 ]; then OUT=$OUT/parts; fi
+pack() {
+    if [ "${BATCHSIM_GPU_PACK:-0}" = 1 ]; then tar -czf "$PACKED/all.tar.gz" -C "$PACKED" parts; fi
+}
 BUDGET_S=${BUDGET_S:-165}
 HARD_S=${HARD_S:-195}
 DRY=()
@@ -58,6 +65,7 @@ if [ "${BATCHSIM_GPU_BENCH:-1}" = 1 ]; then
     timeout -k 5 "$left" "$PYTHON" bench/bench_gpu.py bench --out-dir "$OUT" \
         --budget-s "$budget" "${DRY[@]}" 2>&1 | tee "$OUT/bench.log"
     echo "bench exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+    pack
 fi
 
 if [ "${BATCHSIM_GPU_PLACEMENT:-0}" = 1 ]; then
@@ -65,6 +73,7 @@ if [ "${BATCHSIM_GPU_PLACEMENT:-0}" = 1 ]; then
     timeout -k 5 150 "$PYTHON" bench/bench_gpu_placement.py --out-dir "$OUT" "${DRY[@]}" \
         2>&1 | tee "$OUT/placement.log"
     echo "placement exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+    pack
 fi
 
 if [ "${BATCHSIM_GPU_PROFILES:-0}" = 1 ]; then
@@ -72,6 +81,7 @@ if [ "${BATCHSIM_GPU_PROFILES:-0}" = 1 ]; then
     timeout -k 5 130 "$PYTHON" bench/bench_gpu.py profiles --out-dir "$OUT" "${DRY[@]}" \
         2>&1 | tee "$OUT/profiles.log"
     echo "profiles exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+    pack
 fi
 
 if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then
@@ -88,6 +98,7 @@ if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then
             --out "$OUT/fidelity_${model}_${dtype}.json" \
             --save-runs "$OUT/fidelity_${model}_runs.pkl.gz" 2>&1 | tee "$OUT/fidelity_${model}.log"
         echo "fidelity $model exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+        pack
     done
 fi
 ls -l "$OUT"

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import batchsim as bs
@@ -58,14 +59,20 @@ def test_bench_runs_only_the_configurations_named(tmp_path):
     assert [(r["model"], r["max_batch_size"]) for r in report["results"]] == [("mlp", 8)]
 
 
-def test_session_script_skips_the_bench_and_measures_placements(tmp_path):
+def test_session_script_skips_the_bench_and_measures_placements_packed(tmp_path):
+    """``BATCHSIM_GPU_PACK=1``: the parts write under ``$OUT/parts``, packed into one
+    ``$OUT/all.tar.gz`` (a device machine may hand back only a few files)."""
     env = {**os.environ, "BATCHSIM_GPU_DRY": "1", "OUT": str(tmp_path), "PYTHON": sys.executable,
-           "BATCHSIM_GPU_BENCH": "0", "BATCHSIM_GPU_PLACEMENT": "1"}
+           "BATCHSIM_GPU_BENCH": "0", "BATCHSIM_GPU_PLACEMENT": "1", "BATCHSIM_GPU_PACK": "1"}
     log = subprocess.run(["bash", "bench/gpu_session.sh"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300, check=True).stdout
     assert "bench exit" not in log and "placement exit 0" in log
-    assert not (tmp_path / "bench_gpu_cpu.json").exists()
-    report = json.loads((tmp_path / "placement_gpu_cpu.json").read_text())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["all.tar.gz", "parts"]
+    with tarfile.open(tmp_path / "all.tar.gz") as packed:
+        assert {"parts/placement.log", "parts/placement_gpu_cpu.json"} <= set(packed.getnames())
+    parts = tmp_path / "parts"
+    assert not (parts / "bench_gpu_cpu.json").exists()
+    report = json.loads((parts / "placement_gpu_cpu.json").read_text())
     placements = {"all CPUs", "1 CPU", "2 CPUs", "4 CPUs", "all, switch 0.5 ms"}
     for row in report["results"]:
         assert row["offline_peak_rps"] > 0
