@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_fidelity import QUICK_GRID as GRID
 from bench_fidelity import add_machine_args, settle_machine
 
-GRID = {"max_batch_size": (8, 32), "max_wait_ms": (0.0, 1.0), "load": (0.2, 0.5, 0.9)}
 N_REQUESTS = 4000
 
 
@@ -55,14 +55,18 @@ def spread(values) -> float:
 
 def summarize(by_length: dict) -> dict:
     """Per profile length: the median over configurations of the predictions' spread
-    (p50, p99), and per batch size the spread of ``s(b)`` across the calibrations."""
+    (p50, p99) and of the p50s' coefficient of variation across the calibrations, and
+    per batch size the spread of ``s(b)`` across the calibrations."""
     out = {}
     for length, cals in by_length.items():
         configs = cals[0]["predictions"].keys()
         p50 = [spread([c["predictions"][k][0] for c in cals]) for k in configs]
         p99 = [spread([c["predictions"][k][1] for c in cals]) for k in configs]
+        p50s = np.array([[c["predictions"][k][0] for k in configs] for c in cals])
         times = np.array([c["times_ms"] for c in cals])
         out[length] = {"calibrations": len(cals),
+                       "median_p50_cv": float(np.median(p50s.std(axis=0, ddof=1)
+                                                        / p50s.mean(axis=0))),
                        "median_p50_spread": float(np.median(p50)),
                        "median_p99_spread": float(np.median(p99)),
                        "max_p50_spread": float(np.max(p50)),
@@ -116,8 +120,9 @@ def main() -> None:
             write(args, by_length, time.perf_counter() - t0)
     for length, s in summarize(by_length).items():
         print(f"profile_s={length:g}: {s['calibrations']} calibrations predict p50s "
-              f"{s['median_p50_spread']:.1%} apart (median over configurations; largest "
-              f"{s['max_p50_spread']:.1%}), p99s {s['median_p99_spread']:.1%}; s(b) "
+              f"{s['median_p50_spread']:.1%} apart, largest over smallest (median over "
+              f"configurations; largest {s['max_p50_spread']:.1%}; coefficient of "
+              f"variation {s['median_p50_cv']:.1%}), p99s {s['median_p99_spread']:.1%}; s(b) "
               f"{np.round(100 * np.array(s['s_b_spread']), 1).tolist()}% apart by size",
               flush=True)
     if args.out:

@@ -68,6 +68,11 @@ import batchsim as bs
 
 TARGETS = {"latency_ms_p50": 0.05, "latency_ms_p99": 0.10, "throughput_rps": 0.02}
 RESULTS = Path(__file__).parent / "results" / "fidelity_cpu.json"
+#: The grids of max_batch_size x max_wait_ms x load: ``--quick`` (12 configurations, the
+#: GPU runs) and the full one (24).
+QUICK_GRID = {"max_batch_size": (8, 32), "max_wait_ms": (0.0, 1.0), "load": (0.2, 0.5, 0.9)}
+FULL_GRID = {"max_batch_size": (4, 16, 64), "max_wait_ms": (0.0, 1.0),
+             "load": (0.2, 0.5, 0.7, 0.9)}
 
 
 def workloads() -> dict:
@@ -140,10 +145,7 @@ def main() -> None:
 
     model = make_model(args.model, device=args.device, dtype=args.dtype, size=args.size)
     chosen = {name: workloads()[name] for name in args.workloads.split(",")}
-    grid = ({"max_batch_size": (8, 32), "max_wait_ms": (0.0, 1.0), "load": (0.2, 0.5, 0.9)}
-            if args.quick else
-            {"max_batch_size": (4, 16, 64), "max_wait_ms": (0.0, 1.0),
-             "load": (0.2, 0.5, 0.7, 0.9)})
+    grid = QUICK_GRID if args.quick else FULL_GRID
     duration_s = args.duration_s or (0.5 if args.quick else 1.5)
     t0 = time.perf_counter()
     calibration_runs = []

@@ -23,6 +23,8 @@ def test_spreads_are_largest_over_smallest_per_configuration_and_size():
     assert s["median_p50_spread"] == pytest.approx((0.2 + 0.5) / 2)
     assert s["max_p50_spread"] == pytest.approx(0.5)
     assert s["median_p99_spread"] == pytest.approx((0.2 + 0.5) / 2)
+    # p50 CVs: a (1.0, 1.2, 1.1): 0.1 / 1.1; b (2, 2, 3): sqrt(1/3) / (7/3).
+    assert s["median_p50_cv"] == pytest.approx((0.1 / 1.1 + (1 / 3) ** 0.5 / (7 / 3)) / 2)
     assert s["s_b_spread"] == pytest.approx([0.5, 0.1])
 
 
