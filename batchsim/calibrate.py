@@ -25,7 +25,8 @@ request); ``run_pair`` runs the real batcher and the simulator on the same arriv
 ``fidelity`` does that over a grid and ``fidelity_summary`` reduces it to the headline
 errors; ``plot_fidelity`` draws them. ``worker_time_ratio`` measures how slow a real
 run's batches ran against the calibration, and ``at_speed`` gives the service on a
-machine that slow: how much of an error the machine's drifting speed explains.
+machine that slow: how much of an error the machine's drifting speed explains;
+``batch_residuals`` sets each batch of a real run against the calibration's prediction.
 Importing this module is light; torch loads when something real runs.
 
 The module is callable: ``batchsim.calibrate(model)`` is ``batchsim.calibrate.calibrate``
@@ -271,11 +272,15 @@ def _worker_fit(runs, profile, release: BatcherCosts, min_batches: int = 10) -> 
             "stall_ms_per_s": float(resid[stalled].sum() / span_s)}
 
 
+#: The first batches of a run warm its worker up; the fits and residuals leave them out.
+WARM_BATCHES = 2
+
+
 def _batches(res: RunResult, release: BatcherCosts) -> tuple[np.ndarray, ...]:
     """Per batch of ``res`` but its first two (they warm the worker up): its size, the
     time it held its worker (ms), the requests received during it and how long (ms) its
     worker sat idle before it (from its release, ``release``'s cost after the last)."""
-    keep = slice(2, None)
+    keep = slice(WARM_BATCHES, None)
     free_s = np.r_[-np.inf, res.end_s[:-1] + release.release_s(res.size[:-1])]
     return (res.size[keep], 1e3 * (res.end_s - res.start_s)[keep],
             _received_during(res)[keep], 1e3 * np.maximum(res.start_s - free_s, 0.0)[keep])
@@ -290,15 +295,27 @@ def _typical_ms(service: CalibratedService, b, during, idle_ms) -> np.ndarray:
             + 1e3 * np.array([costs.wake_s(t / 1e3) for t in idle_ms]))
 
 
-def worker_time_ratio(service: CalibratedService, res: RunResult) -> float:
-    """How slow the machine ran a real run's batches against the calibration: the median
-    over its batches of the time each held its worker over ``service``'s typical time
-    for it, over the same median in the calibration (the spread's median).
+def batch_residuals(service: CalibratedService, res: RunResult):
+    """Each batch of a real run against what ``service`` predicts for it: a DataFrame.
 
-    1 is the calibration's speed; 1.1, batches 10% slower. A shared machine's speed
-    drifts by that much within a minute (``bench/bench_profile_noise.py``), and the
-    simulator cannot know it beforehand; ``at_speed`` tells it, after the fact.
+    One row per batch but the first ``WARM_BATCHES`` (they warm the worker up), in
+    dispatch order: ``start_s``, ``size``, ``trigger`` (``"size"``, ``"timeout"`` or
+    ``"flush"``), ``idle_ms`` (how long its worker sat idle before it), ``received`` (the
+    requests the batcher received while it ran), ``worker_ms`` (the time it held its
+    worker), ``typical_ms`` (the calibration's prediction for such a batch, the spread's
+    median included) and ``ratio``, the one over the other. Grouped by a column, the
+    ratios say which batches the simulator gets wrong (by size: the profile's shape; by
+    idle time: the wake-up table; by ``received``: the cost per arrival), and their
+    median over a run how fast the machine ran it (``worker_time_ratio``). Where the run
+    recorded when each batch's worker picked it up (``meta["batch_phases_s"]``, the real
+    batcher), ``pickup_ms`` is the time from its dispatch to then and
+    ``received_after_pickup`` the part of ``received`` that came later, while the model
+    ran (NaN otherwise): which of the two the loop's work for a request delays.
     """
+    import pandas as pd
+
+    from .policy import TRIGGER_NAMES
+
     if not isinstance(service, CalibratedService):
         raise ValueError(f"service must be a CalibratedService, got {service!r}")
     b, worker_ms, during, idle = _batches(res, service.costs)
@@ -306,7 +323,32 @@ def worker_time_ratio(service: CalibratedService, res: RunResult) -> float:
         raise ValueError(f"res must have more than two batches, got {res.size.size}")
     q = np.asarray(service.jitter_quantiles)
     spread_median = float(np.interp(0.5, np.linspace(0, 1, q.size), q)) if q.size else 1.0
-    return float(np.median(worker_ms / _typical_ms(service, b, during, idle))) / spread_median
+    typical_ms = spread_median * _typical_ms(service, b, during, idle)
+    keep = slice(WARM_BATCHES, None)
+    start_s = res.start_s[keep]
+    picked_s = (res.meta["batch_phases_s"][keep, 0] if "batch_phases_s" in res.meta
+                else np.full(b.size, np.nan))
+    after = (np.searchsorted(res.arrival_s, res.end_s[keep], "left")
+             - np.searchsorted(res.arrival_s, np.maximum(picked_s, start_s), "right"))
+    return pd.DataFrame({"start_s": start_s, "size": b,
+                         "trigger": np.array(TRIGGER_NAMES)[res.trigger[keep]],
+                         "idle_ms": idle, "received": during, "worker_ms": worker_ms,
+                         "typical_ms": typical_ms, "ratio": worker_ms / typical_ms,
+                         "pickup_ms": 1e3 * (picked_s - start_s),
+                         "received_after_pickup": np.where(np.isnan(picked_s), np.nan,
+                                                           np.maximum(after, 0))})
+
+
+def worker_time_ratio(service: CalibratedService, res: RunResult) -> float:
+    """How slow the machine ran a real run's batches against the calibration: the median
+    over its batches of the time each held its worker over ``service``'s typical time
+    for it, the spread's median included (``batch_residuals``).
+
+    1 is the calibration's speed; 1.1, batches 10% slower. A shared machine's speed
+    drifts by that much within a minute (``bench/bench_profile_noise.py``), and the
+    simulator cannot know it beforehand; ``at_speed`` tells it, after the fact.
+    """
+    return float(batch_residuals(service, res)["ratio"].median())
 
 
 def at_speed(service: CalibratedService, ratio: float) -> CalibratedService:

@@ -18,7 +18,9 @@ import batchsim as bs
 from batchsim.calibrate import (
     CALIBRATION_LOADS,
     CAPACITY_TOLERANCE,
+    WARM_BATCHES,
     at_speed,
+    batch_residuals,
     capacity_check,
     compare,
     fidelity_summary,
@@ -137,6 +139,35 @@ def test_worker_time_ratio_reads_back_the_speed_a_run_was_simulated_at(speed):
     assert worker_time_ratio(svc, run) == pytest.approx(speed, rel=1e-9)
     with pytest.raises(ValueError, match="service must be a CalibratedService"):
         worker_time_ratio(svc.model, run)
+
+
+def test_batch_residuals_set_every_batch_against_its_prediction():
+    """A run simulated 1.3 times as slow as a spread-free calibration: every batch reads
+    1.3, whatever its size, trigger, idle time or arrivals received; the last batch
+    (after the last arrival) stretched by 2 ms reads exactly that much more."""
+    svc = costly_service()
+    run = bs.simulate(bs.Poisson(0.6 * svc.capacity_rps(8)), bs.BatchPolicy(8, 0.5),
+                      at_speed(svc, 1.3), n_requests=2000, seed=4)
+    table = batch_residuals(svc, run)
+    assert len(table) == run.n_batches - WARM_BATCHES
+    np.testing.assert_array_equal(table["size"], run.size[WARM_BATCHES:])
+    assert set(table["trigger"]) == {"size", "timeout"}
+    assert (table["idle_ms"] > 0).any() and (table["received"] > 0).any()
+    np.testing.assert_allclose(table["ratio"], 1.3, rtol=1e-9)
+    np.testing.assert_allclose(table["worker_ms"],
+                               1e3 * (run.end_s - run.start_s)[WARM_BATCHES:])
+    # A simulated run does not say when a worker picked its batch up.
+    assert table[["pickup_ms", "received_after_pickup"]].isna().all().all()
+    assert table["received"].iloc[-1] == 0
+    run.end_s[-1] += 0.002
+    last = batch_residuals(svc, run).iloc[-1]
+    assert last["typical_ms"] == pytest.approx(table["typical_ms"].iloc[-1], rel=1e-12)
+    assert last["ratio"] == pytest.approx(1.3 + 2.0 / last["typical_ms"], rel=1e-9)
+    with pytest.raises(ValueError, match="service must be a CalibratedService"):
+        batch_residuals(svc.model, run)
+    two = bs.simulate(bs.Constant(10.0), bs.BatchPolicy(8, 0.0), svc, n_requests=2)
+    with pytest.raises(ValueError, match="res must have more than two batches"):
+        batch_residuals(svc, two)
 
 
 def test_calibrated_service_saves_and_loads(tmp_path):

@@ -29,7 +29,7 @@ import pytest
 from service_fakes import sleeping_model
 
 import batchsim as bs
-from batchsim.calibrate import at_speed, fidelity, run_pair, worker_time_ratio
+from batchsim.calibrate import at_speed, batch_residuals, fidelity, run_pair, worker_time_ratio
 
 BLOCKS = 10
 
@@ -78,6 +78,12 @@ def test_throughput_agrees_over_a_grid(service):
     # machine drifts by up to a fifth within a minute: bench_profile_noise.py).
     assert grid["worker_time_ratio"].between(0.8, 1.25).all(), grid["worker_time_ratio"]
     assert np.isfinite(grid["speed_err_latency_ms_p50"]).all()
+    # Batch by batch, the real batcher says when its worker picked each batch up. The
+    # model sleeps with the GIL released, so the loop received requests while it ran.
+    table = batch_residuals(service, runs[-1]["real"])
+    assert table["pickup_ms"].between(0, table["worker_ms"]).all()
+    assert (table["received_after_pickup"] <= table["received"]).all()
+    assert table["received_after_pickup"].sum() > 0
 
 
 @pytest.mark.parametrize("max_wait_ms, load", [(0.0, 0.3), (2.0, 0.3), (2.0, 0.6)])

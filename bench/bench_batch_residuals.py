@@ -1,0 +1,177 @@
+"""Which batches the calibration mispredicts: a saved fidelity run taken apart, batch by batch.
+
+``bench_fidelity.py --save-runs RUNS.pkl.gz`` keeps the calibrated service, the ten runs
+its costs were fitted on and every row's real run. This script sets each batch of those
+runs against what the calibration predicts for it (``batchsim.calibrate.batch_residuals``:
+the time it held its worker over the typical time for its size, idle time and the
+requests received during it) and prints the median ratio, per part (the calibration's
+runs, then each arrival set), by:
+
+* batch size (powers of two): the profile's shape;
+* trigger (size, timeout, flush) and whether the batch started after the run's last
+  request arrived (a queue draining);
+* how long the worker sat idle before it: the wake-up table;
+* how many requests the batcher received while it ran: the cost per arrival; and, where
+  the real batcher recorded when its worker picked each batch up, the median time from
+  the dispatch to then and the share of the received requests that came after it, while
+  the model ran (on one CPU the event loop sends what fell due before the worker gets
+  the core: the requests delay the batch's start, not its model);
+
+and, per arrival set, how fast each row ran: the rows' medians (5th-95th percentile),
+the correlation of consecutive rows' medians (a drifting machine: high; a speed of each
+batcher's own: near 0) and of each row's first half of batches with its second half.
+A ratio of 1 is the calibration's prediction; 1.2, batches 20% slower. The bench
+simulates nothing and needs numpy and pandas only, so it runs where the GPU runs did.
+
+Run: ``.venv/bin/python bench/bench_batch_residuals.py RUNS.pkl.gz`` (``--recalibration``
+sets the runs against the calibration made after the grid, ``--out FILE`` writes JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+#: Bin edges (lower ends) of batch size and of the requests received during a batch.
+SIZE_EDGES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+RECEIVED_EDGES = (0, 1, 2, 4, 16, 64)
+
+
+def label_bins(values, edges):
+    """Each value's bin among ``edges`` (lower ends, the last open), as ``"lo-hi"``: an
+    ordered categorical, so that groups come out in the bins' order."""
+    import pandas as pd
+
+    names = [f"{lo}" if hi == lo + 1 else f"{lo}-{hi - 1}"
+             for lo, hi in zip(edges, edges[1:], strict=False)] + [f"{edges[-1]}+"]
+    return pd.Categorical.from_codes(np.digitize(values, edges[1:]), names, ordered=True)
+
+
+def idle_bins(idle_ms):
+    """Each idle time's bin among the calibration's own (``IDLE_EDGES_MS``), in ms: an
+    ordered categorical."""
+    import pandas as pd
+
+    from batchsim.calibrate import IDLE_EDGES_MS
+
+    edges = IDLE_EDGES_MS
+    names = [f"{lo:g}-{hi:g} ms" for lo, hi in zip(edges, edges[1:-1], strict=False)]
+    names.append(f">= {edges[-2]:g} ms")
+    return pd.Categorical.from_codes(np.digitize(idle_ms, edges[1:-1]), names, ordered=True)
+
+
+def batches(service, runs) -> object:
+    """One DataFrame of every batch of ``runs`` (``RunResult``s) against ``service``,
+    with the run's index (``row``), ``after_last_arrival`` and the bins to group by."""
+    import pandas as pd
+
+    from batchsim.calibrate import batch_residuals
+
+    frames = []
+    for k, res in enumerate(runs):
+        table = batch_residuals(service, res)
+        table["row"] = k
+        table["after_last_arrival"] = table["start_s"] > np.nanmax(res.arrival_s)
+        frames.append(table)
+    table = pd.concat(frames, ignore_index=True)
+    table["size_bin"] = label_bins(table["size"], SIZE_EDGES)
+    table["idle_bin"] = idle_bins(table["idle_ms"])
+    table["received_bin"] = label_bins(table["received"], RECEIVED_EDGES)
+    return table
+
+
+def by_group(table) -> dict:
+    """``{grouping: {group: {"batches": n, "median_ratio": r}}}`` over the groupings,
+    in the bins' order (groups without batches left out); by requests received, also
+    the median ``pickup_ms`` and the share received after the pickup (NaN where the
+    runs did not record it)."""
+    out = {}
+    for column in ("size_bin", "trigger", "after_last_arrival", "idle_bin", "received_bin"):
+        groups = table.groupby(column, sort=True, observed=True)
+        out[column] = {str(g): {"batches": len(part),
+                                "median_ratio": float(part["ratio"].median())}
+                       for g, part in groups}
+    for g, part in table.groupby("received_bin", sort=True, observed=True):
+        received = part["received"].sum()
+        out["received_bin"][str(g)].update(
+            median_pickup_ms=float(part["pickup_ms"].median()),
+            after_pickup_share=(float(part["received_after_pickup"].sum(min_count=1)
+                                      / received) if received else float("nan")))
+    return out
+
+
+def row_speeds(table) -> dict:
+    """How fast each row ran (its batches' median ratio) and how rows' speeds relate:
+    their 5th and 95th percentiles and standard deviation, the correlation of
+    consecutive rows, and the correlation across rows of each row's first half of
+    batches with its second (with the standard deviation of half their difference)."""
+    rows = table.groupby("row", sort=True)
+    medians = rows["ratio"].median().to_numpy()
+    halves = np.array([[np.median(r[: len(r) // 2]), np.median(r[len(r) // 2:])]
+                       for r in (g["ratio"].to_numpy() for _, g in rows)])
+    return {"rows": int(medians.size), "median_ratio": [float(m) for m in medians],
+            "p5": float(np.percentile(medians, 5)), "p95": float(np.percentile(medians, 95)),
+            "sd": float(medians.std(ddof=1)),
+            "lag1_corr": float(np.corrcoef(medians[:-1], medians[1:])[0, 1]),
+            "halves_corr": float(np.corrcoef(halves[:, 0], halves[:, 1])[0, 1]),
+            "half_diff_sd": float((np.diff(halves, axis=1)[:, 0] / 2).std(ddof=1))}
+
+
+def analyze(saved: dict, recalibration: bool = False) -> dict:
+    """The groupings for the calibration's runs and each arrival set, and each set's
+    row speeds, against the first calibration (or the one made after the grid)."""
+    service = saved["recalibration" if recalibration else "service"]
+    out = {"calibration_runs": by_group(batches(service, saved["calibration_runs"]))}
+    for name, runs in saved["runs"].items():
+        table = batches(service, [run["real"] for run in runs])
+        out[name] = {**by_group(table), "row_speeds": row_speeds(table)}
+    return out
+
+
+def print_report(report: dict) -> None:
+    for part, groups in report.items():
+        print(f"-- {part}: median ratio of worker time to the calibration's prediction "
+              f"(batches)")
+        for column, cells in groups.items():
+            if column == "row_speeds":
+                s = cells
+                print(f"   rows: {s['rows']}, median ratio {s['p5']:.2f}-{s['p95']:.2f} "
+                      f"(5th-95th), sd {s['sd']:.3f}; consecutive rows' correlation "
+                      f"{s['lag1_corr']:+.2f}; halves' correlation {s['halves_corr']:+.2f}, "
+                      f"half their difference sd {s['half_diff_sd']:.3f}")
+                continue
+            print(f"   {column:>18}: " + ", ".join(
+                f"{g} {c['median_ratio']:.2f} ({c['batches']})" for g, c in cells.items()))
+            if column == "received_bin":
+                print(f"   {'pickup':>18}: " + ", ".join(
+                    f"{g} {1e3 * c['median_pickup_ms']:.0f} us"
+                    + (f" ({c['after_pickup_share']:.0%} after)"
+                       if np.isfinite(c["after_pickup_share"]) else "")
+                    for g, c in cells.items()))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs", help="a bench_fidelity.py --save-runs pickle (gzipped)")
+    p.add_argument("--recalibration", action="store_true",
+                   help="against the calibration made after the grid (--recalibrate)")
+    p.add_argument("--out", default=None, help="also write the report as JSON")
+    args = p.parse_args()
+    saved = pickle.loads(gzip.decompress(Path(args.runs).read_bytes()))
+    if args.recalibration and "recalibration" not in saved:
+        raise SystemExit(f"--recalibration: {args.runs} has no second calibration "
+                         f"(bench_fidelity.py --recalibrate makes one)")
+    report = analyze(saved, args.recalibration)
+    print_report(report)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

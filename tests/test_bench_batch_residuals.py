@@ -1,0 +1,94 @@
+"""``bench/bench_batch_residuals.py``: a saved fidelity run taken apart, batch by batch."""
+
+import gzip
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import batchsim as bs
+from batchsim.calibrate import at_speed
+from batchsim.service import BatcherCosts, CalibratedService
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_batch_residuals import analyze, label_bins  # noqa: E402  (a script)
+
+#: The speeds the rows of the constructed arrival set are simulated at, in row order.
+SPEEDS = (1.0, 1.2, 0.9, 1.1, 1.05)
+
+
+def saved_runs() -> dict:
+    """What ``bench_fidelity.py --save-runs`` pickles, made by the simulator: a
+    spread-free calibration, its runs at its own speed and one arrival set whose rows
+    ran at ``SPEEDS``; the second calibration is 1.25 times as slow."""
+    svc = CalibratedService(
+        bs.ProfileService((1, 8), (0.5, 1.2)), per_batch_ms=0.1, per_item_ms=0.01,
+        costs=BatcherCosts(react_ms=0.02, release_ms=0.03, timer_resolution_ms=1.0,
+                           timer_latency_ms=0.05, arrival_ms=0.005, idle_ms=(0.01, 1.0),
+                           wake_ms=(0.0, 0.05)))
+    policy = bs.BatchPolicy(8, 0.5)
+    rate_rps = 0.6 * svc.capacity_rps(8)
+
+    def run(speed, seed):
+        return bs.simulate(bs.Poisson(rate_rps), policy, at_speed(svc, speed),
+                           n_requests=1500, seed=seed)
+
+    return {"service": svc, "recalibration": at_speed(svc, 1.25),
+            "calibration_runs": [run(1.0, 0), run(1.0, 1)],
+            "runs": {"poisson": [{"policy": policy, "rate_rps": rate_rps, "seed": k,
+                                  "real": run(speed, k)} for k, speed in enumerate(SPEEDS)]}}
+
+
+def test_every_group_reads_the_speed_its_rows_ran_at():
+    saved = saved_runs()
+    report = analyze(saved)
+    for groups in report["calibration_runs"].values():
+        for cell in groups.values():
+            assert cell["median_ratio"] == pytest.approx(1.0, rel=1e-9)
+    poisson = report["poisson"]
+    # Simulated runs do not say when a worker picked its batch up.
+    assert all(np.isnan([c["median_pickup_ms"], c["after_pickup_share"]]).all()
+               for c in poisson["received_bin"].values())
+    assert set(poisson["trigger"]) == {"size", "timeout"}
+    assert sum(c["batches"] for c in poisson["size_bin"].values()) == sum(
+        run["real"].n_batches - 2 for run in saved["runs"]["poisson"])
+    speeds = poisson["row_speeds"]
+    np.testing.assert_allclose(speeds["median_ratio"], SPEEDS, rtol=1e-9)
+    assert speeds["lag1_corr"] == pytest.approx(np.corrcoef(SPEEDS[:-1], SPEEDS[1:])[0, 1])
+    assert speeds["halves_corr"] == pytest.approx(1.0)
+    assert speeds["half_diff_sd"] == pytest.approx(0.0, abs=1e-12)
+    assert speeds["sd"] == pytest.approx(np.std(SPEEDS, ddof=1))
+    # Against a calibration 1.25 times as slow, every row reads 1.25 times as fast.
+    again = analyze(saved, recalibration=True)["poisson"]["row_speeds"]
+    np.testing.assert_allclose(again["median_ratio"], np.array(SPEEDS) / 1.25, rtol=1e-9)
+
+
+def test_bins_are_named_by_their_ends_in_order():
+    bins = label_bins([0, 1, 3, 4, 15, 16, 64, 500], (0, 1, 2, 4, 16, 64))
+    assert list(bins) == ["0", "1", "2-3", "4-15", "4-15", "16-63", "64+", "64+"]
+    assert list(bins.categories) == ["0", "1", "2-3", "4-15", "16-63", "64+"]
+
+
+def test_script_reads_a_pickle_and_writes_json(tmp_path):
+    runs = tmp_path / "runs.pkl.gz"
+    runs.write_bytes(gzip.compress(pickle.dumps(saved_runs())))
+    out = tmp_path / "report.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "bench/bench_batch_residuals.py", str(runs),
+                           "--out", str(out)], cwd=ROOT, check=True, capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert "consecutive rows' correlation" in done.stdout
+    assert set(json.loads(out.read_text())) == {"calibration_runs", "poisson"}
+    saved = saved_runs()
+    del saved["recalibration"]
+    runs.write_bytes(gzip.compress(pickle.dumps(saved)))
+    refused = subprocess.run([sys.executable, "bench/bench_batch_residuals.py", str(runs),
+                              "--recalibration"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=120, env=env)
+    assert refused.returncode != 0 and "has no second calibration" in refused.stderr
