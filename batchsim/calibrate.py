@@ -12,9 +12,10 @@ serving ``model`` and returns a ``CalibratedService`` that ``simulate`` accepts:
   throughput, under a policy that waits for batches to fill and a greedy one), batch by
   batch: the worker's cost around the model per batch and per request, the slower start
   of a worker that sat idle (a table over the idle time), the delay each request sent
-  during a batch causes it (the event loop's work for it needs the GIL), the spread of
-  it all; the release (from a batch's end to its worker taking the next, which was
-  already due); the reaction (from an arrival to the batch it starts on an idle worker);
+  during a batch causes it (the event loop's work for it needs the GIL) and the first
+  one's more (the loop's turn that sends), the spread of it all; the release (from a
+  batch's end to its worker taking the next, which was already due); the reaction
+  (from an arrival to the batch it starts on an idle worker);
 * the timer: when asyncio wakes for a timer (``loop.call_later``), fitted to
   ``armed + ceil((due - armed) / resolution) * resolution + latency``.
 
@@ -26,7 +27,8 @@ request); ``run_pair`` runs the real batcher and the simulator on the same arriv
 errors; ``plot_fidelity`` draws them. ``worker_time_ratio`` measures how slow a real
 run's batches ran against the calibration, and ``at_speed`` gives the service on a
 machine that slow: how much of an error the machine's drifting speed explains;
-``batch_residuals`` sets each batch of a real run against the calibration's prediction.
+``batch_residuals`` sets each batch of a real run against the calibration's prediction,
+and ``refit`` fits a calibration's costs again on its saved runs.
 Importing this module is light; torch loads when something real runs.
 
 The module is callable: ``batchsim.calibrate(model)`` is ``batchsim.calibrate.calibrate``
@@ -135,31 +137,59 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     measured = _calibration_runs(model, max_b, n, duration_s, device, spec, seed)
     if runs is not None:
         runs.extend(measured)
-    release_fixed_ms, release_item_ms = _nonnegative_fit(*_releases(measured))
-    release = BatcherCosts(release_ms=release_fixed_ms, release_per_item_ms=release_item_ms)
-    worker = _worker_fit(measured, s_b, release)
     resolution_ms, latency_ms, timer_fit = _timer(_check.positive_int(
         "timer_probes", timer_probes), seed)
-    costs = BatcherCosts(_react_ms(measured, release), release_fixed_ms, release_item_ms,
-                         resolution_ms, latency_ms, worker["arrival_ms"],
-                         worker["idle_ms"], worker["wake_ms"])
     metadata = {
         "model": getattr(model, "zoo_name", None) or getattr(model, "__name__",
                                                              type(model).__name__),
         "device": s_b.metadata.get("device"),
         "dtype": s_b.metadata.get("dtype"), "torch": s_b.metadata.get("torch"),
         "cpu_threads": s_b.metadata.get("cpu_threads"), "cpus": _cpus(), "profile": profile,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "batches": worker["batches"], "stalled_batches": worker["stalled_batches"],
-        "stall_ms_per_s": worker["stall_ms_per_s"], "n_requests": n, "seed": seed,
-        "calibration_policies": [str(r.meta["policy"]) for r in measured],
+        "date": datetime.now(UTC).isoformat(timespec="seconds"), "n_requests": n,
+        "seed": seed, "calibration_policies": [str(r.meta["policy"]) for r in measured],
         "saturated_rps": measured[0].meta["saturated_rps"], "timer_fit": timer_fit,
     }
-    service = CalibratedService(s_b, worker["per_batch_ms"], worker["per_item_ms"],
-                                worker["jitter_quantiles"], costs, metadata)
+    timer = BatcherCosts(timer_resolution_ms=resolution_ms, timer_latency_ms=latency_ms)
+    service = _fitted(s_b, measured, timer, metadata)
     service.metadata["capacity_ratio"] = capacity_check(service, max_b,
                                                         metadata["saturated_rps"])
     return service
+
+
+def refit(service: CalibratedService, runs: list) -> CalibratedService:
+    """``service`` with the batcher's costs fitted again on ``runs``, its ``s(b)`` and
+    timer kept: the runs a calibration measured (``calibrate(..., runs=)``, or
+    ``bench_fidelity.py --save-runs``), fitted as ``calibrate`` fits them now. After a
+    change to the cost model, a saved calibration refitted says what the change does to
+    the predictions of the very same real runs (``bench/bench_refit.py``).
+    """
+    if not isinstance(service, CalibratedService):
+        raise ValueError(f"service must be a CalibratedService, got {service!r}")
+    if not runs or not all(isinstance(r, RunResult) for r in runs):
+        raise ValueError(f"runs must be a non-empty list of RunResults, got {runs!r}")
+    refitted = _fitted(service.model, runs, service.costs, service.metadata)
+    if "saturated_rps" in runs[0].meta:        # a calibration's runs: check capacity again
+        refitted.metadata["capacity_ratio"] = capacity_check(
+            refitted, runs[0].meta["policy"].max_batch_size, runs[0].meta["saturated_rps"])
+    return refitted
+
+
+def _fitted(s_b: ServiceModel, measured: list, timer: BatcherCosts,
+            metadata: dict) -> CalibratedService:
+    """The calibrated service: ``s(b)``, the costs fitted on the ``measured`` runs and
+    ``timer``'s timer model; ``metadata`` with what the fit found added."""
+    release_fixed_ms, release_item_ms = _nonnegative_fit(*_releases(measured))
+    release = BatcherCosts(release_ms=release_fixed_ms, release_per_item_ms=release_item_ms)
+    worker = _worker_fit(measured, s_b, release)
+    costs = BatcherCosts(_react_ms(measured, release), release_fixed_ms, release_item_ms,
+                         timer.timer_resolution_ms, timer.timer_latency_ms,
+                         worker["arrival_ms"], worker["idle_ms"], worker["wake_ms"],
+                         worker["first_arrival_ms"])
+    metadata = {**metadata, "batches": worker["batches"],
+                "stalled_batches": worker["stalled_batches"],
+                "stall_ms_per_s": worker["stall_ms_per_s"]}
+    return CalibratedService(s_b, worker["per_batch_ms"], worker["per_item_ms"],
+                             worker["jitter_quantiles"], costs, metadata)
 
 
 def _cpus() -> list[int] | None:
@@ -225,11 +255,11 @@ IDLE_EDGES_MS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, math.inf)
 def _worker_fit(runs, profile, release: BatcherCosts, min_batches: int = 10) -> dict:
     """The worker's time beyond the model's ``s(b)``, by regression over the batches.
 
-    ``worker - s(b) = wake(idle) + per_item * b + arrival * (requests received during it)``,
-    with ``wake`` one level per bin of idle time (bins with fewer than ``min_batches``
-    merged into a neighbour); the least idle level is the fixed cost per batch, the
-    others' excess over it the wake-up table. The spread: each batch's time over its
-    prediction.
+    ``worker - s(b) = wake(idle) + per_item * b + arrival * received + first_arrival *
+    (received > 0)``, ``received`` the requests received during it, with ``wake`` one
+    level per bin of idle time (bins with fewer than ``min_batches`` merged into a
+    neighbour); the least idle level is the fixed cost per batch, the others' excess
+    over it the wake-up table. The spread: each batch's time over its prediction.
     """
     b, worker_ms, during, idle = (np.concatenate(v) for v in zip(
         *(_batches(res, release) for res in runs), strict=True))
@@ -242,9 +272,10 @@ def _worker_fit(runs, profile, release: BatcherCosts, min_batches: int = 10) -> 
             bins[bins == k] = levels[i + 1] if i + 1 < len(levels) else levels[i - 1]
             levels.remove(k)
     indicators = (bins[:, None] == np.array(levels)[None, :]).astype(float)
-    coef = _nonnegative_fit(np.column_stack([b, during]), y, intercepts=indicators,
-                            groups=bins)
-    wake, per_item_ms, arrival_ms = np.array(coef[:len(levels)]), coef[-2], coef[-1]
+    coef = _nonnegative_fit(np.column_stack([b, during, during > 0]), y,
+                            intercepts=indicators, groups=bins)
+    wake = np.array(coef[:len(levels)])
+    per_item_ms, arrival_ms, first_arrival_ms = coef[-3:]
     # Each level stands at the median idle time of its batches (at least a nanosecond).
     at_ms = [max(float(np.median(idle[bins == k])), 1e-6) for k in levels]
     per_batch_ms = float(wake[0])
@@ -254,7 +285,8 @@ def _worker_fit(runs, profile, release: BatcherCosts, min_batches: int = 10) -> 
             idle_ms.append(t)
             wake_ms.append(max(float(w), 0.0))
     fitted = CalibratedService(profile, per_batch_ms, per_item_ms, costs=BatcherCosts(
-        arrival_ms=arrival_ms, idle_ms=tuple(idle_ms), wake_ms=tuple(wake_ms)))
+        arrival_ms=arrival_ms, first_arrival_ms=first_arrival_ms, idle_ms=tuple(idle_ms),
+        wake_ms=tuple(wake_ms)))
     predicted = _typical_ms(fitted, b, during, idle)
     # The spread is the batcher's own. A batch that took over STALL_MS longer than
     # predicted (and beyond four median deviations) was stalled by the machine: a
@@ -265,7 +297,8 @@ def _worker_fit(runs, profile, release: BatcherCosts, min_batches: int = 10) -> 
     inside = ~stalled
     span_s = sum(float(r.end_s[-1] - r.start_s[0]) for r in runs)
     return {"per_batch_ms": per_batch_ms, "per_item_ms": per_item_ms,
-            "arrival_ms": arrival_ms, "idle_ms": tuple(idle_ms), "wake_ms": tuple(wake_ms),
+            "arrival_ms": arrival_ms, "first_arrival_ms": first_arrival_ms,
+            "idle_ms": tuple(idle_ms), "wake_ms": tuple(wake_ms),
             "jitter_quantiles": tuple(np.quantile(worker_ms[inside] / predicted[inside],
                                                   np.linspace(0, 1, N_QUANTILES))),
             "batches": int(b.size), "stalled_batches": int(stalled.sum()),
@@ -289,9 +322,9 @@ def _batches(res: RunResult, release: BatcherCosts) -> tuple[np.ndarray, ...]:
 def _typical_ms(service: CalibratedService, b, during, idle_ms) -> np.ndarray:
     """The typical time (ms) a batch of ``b`` holds its worker, ``during`` requests
     received while it ran, ``idle_ms`` after its worker sat idle: before the spread."""
-    costs = service.costs
+    costs, during = service.costs, np.asarray(during)
     return (service.model.mean_ms(b) + service.per_batch_ms + service.per_item_ms * b
-            + costs.arrival_ms * np.asarray(during)
+            + costs.arrival_ms * during + costs.first_arrival_ms * (during > 0)
             + 1e3 * np.array([costs.wake_s(t / 1e3) for t in idle_ms]))
 
 
@@ -353,7 +386,7 @@ def worker_time_ratio(service: CalibratedService, res: RunResult) -> float:
 
 def at_speed(service: CalibratedService, ratio: float) -> CalibratedService:
     """``service`` on a machine ``ratio`` times as slow: every part of a batch's time on
-    its worker (``s(b)``, the costs per batch and per request, the delay per arrival
+    its worker (``s(b)``, the costs per batch and per request, the delays per arrival
     during it, the wake-up after idle) times ``ratio``; the event loop's delays and the
     timer as they were."""
     from dataclasses import replace
@@ -374,6 +407,7 @@ def at_speed(service: CalibratedService, ratio: float) -> CalibratedService:
     return replace(service, model=model, per_batch_ms=ratio * service.per_batch_ms,
                    per_item_ms=ratio * service.per_item_ms, costs=replace(
                        costs, arrival_ms=ratio * costs.arrival_ms,
+                       first_arrival_ms=ratio * costs.first_arrival_ms,
                        wake_ms=tuple(ratio * w for w in costs.wake_ms)))
 
 

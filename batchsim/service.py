@@ -153,7 +153,13 @@ class BatcherCosts:
     system wakes the thread a little later still. Each arrival while a batch runs delays
     it by ``arrival_ms``: the loop's work for that request needs the interpreter (the
     GIL) or the core the worker needs (``calibrate`` fits it per request the batcher
-    received during a batch, as every engine counts them). A worker that sat idle before
+    received during a batch, as every engine counts them). The first such arrival delays
+    it by ``first_arrival_ms`` more: the loop's turn that hands requests over (the load
+    generator resumes, lets go of the finished requests, sends what is due and re-arms
+    its sleep) costs as much as ten requests' own work. On one CPU, a batch of a few
+    that received a request was picked up by its worker 20 us (the tiny MLP) to 40 us
+    (the tiny CNN) later than one that received none, and each further request added
+    1-4 us (``bench/bench_batch_residuals.py``). A worker that sat idle before
     its batch is slower to get going (its thread wakes from sleep, its caches are cold):
     the batch takes ``wake_ms`` longer, a table over the idle time ``idle_ms``
     (interpolated in the logarithm of the idle time, flat beyond its ends). All zero: the
@@ -168,6 +174,7 @@ class BatcherCosts:
     arrival_ms: float = 0.0
     idle_ms: tuple = ()
     wake_ms: tuple = ()
+    first_arrival_ms: float = 0.0
 
     def __post_init__(self):
         for name in self.__dataclass_fields__:
@@ -210,15 +217,17 @@ class BatcherCosts:
               idle_s: float = math.inf) -> float:
         """When a batch that needs ``service_s`` from ``start_s`` ends: slower by
         ``wake_s(idle_s)`` after ``idle_s`` of idleness, delayed by the arrivals (sorted
-        ``arrival_s``) strictly between its start and its end."""
+        ``arrival_s``) strictly between its start and its end (``arrival_ms`` each, and
+        ``first_arrival_ms`` once if there are any)."""
         service_s = service_s + self.wake_s(idle_s)
         end_s = start_s + service_s
-        if self.arrival_ms == 0:
+        if self.arrival_ms == 0 and self.first_arrival_ms == 0:
             return end_s
         first, during = bisect_right(arrival_s, start_s), 0
         while (now_during := bisect_left(arrival_s, end_s, first) - first) != during:
             during = now_during
-            end_s = start_s + service_s + self.arrival_ms / 1000.0 * during
+            end_s = (start_s + service_s
+                     + (self.first_arrival_ms + self.arrival_ms * during) / 1000.0)
         return end_s
 
     def timer_fire_s(self, armed_s: float, due_s: float) -> float:
@@ -317,13 +326,15 @@ class CalibratedService(ServiceModel):
 
         A worker's cycle ``C`` is its batch's time ``S`` plus the release ``r``; at
         saturation ``b`` requests arrive per cycle (``workers`` cycles share them), and
-        those arriving during the batch stretch it by ``arrival`` each:
+        those arriving during the batch stretch it by ``arrival`` each (and the first by
+        ``first_arrival`` more, folded into ``s(b)``):
         ``S = s(b) + arrival * (workers * b / C) * S``. Solved for ``C``.
         """
         b = _check.positive_int("max_batch_size", max_batch_size)
         w = _check.positive_int("workers", workers)
         r = float(self.costs.release_s(b))
-        s = float(self.mean_s(b)) + self.costs.wake_s(r)     # back to back: idle r
+        # Back to back: idle r; and every batch receives requests, the first costlier.
+        s = float(self.mean_s(b)) + self.costs.wake_s(r) + self.costs.first_arrival_ms / 1e3
         c = self.costs.arrival_ms / 1000.0 * w * b       # stretch per unit of 1/C
         # C**2 - (s + r + c) C + r c = 0, the larger root (C > c).
         cycle_s = 0.5 * (s + r + c + math.sqrt((s + r + c) ** 2 - 4 * r * c))

@@ -158,7 +158,8 @@ def main() -> None:
           f" ms/batch +{service.per_item_ms:.4f} ms/request, jitter CV {service.jitter_cv:.2f};"
           f" react {costs.react_ms:.3f} ms, release {costs.release_ms:.3f} ms, timer "
           f"{costs.timer_resolution_ms:.2f} ms grid +{costs.timer_latency_ms:.3f} ms, "
-          f"{costs.arrival_ms:.4f} ms per arrival, wake-up after idle "
+          f"{costs.arrival_ms:.4f} ms per arrival (the first {costs.first_arrival_ms:.4f} ms "
+          f"more), wake-up after idle "
           f"{dict(zip(np.round(costs.idle_ms, 3), np.round(costs.wake_ms, 3), strict=True))}; "
           f"capacity {service.metadata['capacity_ratio']:.2f}x the measured saturated "
           f"throughput", flush=True)

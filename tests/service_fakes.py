@@ -1,11 +1,12 @@
 """Models made for tests: a service model that misbehaves in ways a dashboard must show,
-and a "real" model whose cost is known exactly."""
+a calibrated one with every cost, and a "real" model whose cost is known exactly."""
 
 import time
 
 import numpy as np
 
-from batchsim.service import ServiceModel
+import batchsim as bs
+from batchsim.service import BatcherCosts, CalibratedService, ServiceModel
 
 
 class MeasuredUpTo8(ServiceModel):
@@ -35,3 +36,16 @@ def sleeping_model(base_ms: float, per_item_ms: float, name: str = "sleeping_mod
     model.__name__ = model.__qualname__ = name
     model.input_spec = InputSpec((4,), torch.float32)
     return model
+
+
+def costly_service(jitter_quantiles=(), **costs) -> CalibratedService:
+    """A calibrated service with every cost a batch's worker time has (``costs``
+    override the batcher's)."""
+    return CalibratedService(
+        bs.ProfileService((1, 8), (0.5, 1.2)), per_batch_ms=0.1, per_item_ms=0.01,
+        jitter_quantiles=jitter_quantiles,
+        costs=BatcherCosts(**{"react_ms": 0.02, "release_ms": 0.03,
+                              "release_per_item_ms": 0.001, "timer_resolution_ms": 1.0,
+                              "timer_latency_ms": 0.05, "arrival_ms": 0.005,
+                              "idle_ms": (0.01, 1.0), "wake_ms": (0.0, 0.05),
+                              "first_arrival_ms": 0.02, **costs}))

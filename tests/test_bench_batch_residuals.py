@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from service_fakes import costly_service
 
 import batchsim as bs
 from batchsim.calibrate import at_speed
-from batchsim.service import BatcherCosts, CalibratedService
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -25,13 +25,10 @@ SPEEDS = (1.0, 1.2, 0.9, 1.1, 1.05)
 
 def saved_runs() -> dict:
     """What ``bench_fidelity.py --save-runs`` pickles, made by the simulator: a
-    spread-free calibration, its runs at its own speed and one arrival set whose rows
-    ran at ``SPEEDS``; the second calibration is 1.25 times as slow."""
-    svc = CalibratedService(
-        bs.ProfileService((1, 8), (0.5, 1.2)), per_batch_ms=0.1, per_item_ms=0.01,
-        costs=BatcherCosts(react_ms=0.02, release_ms=0.03, timer_resolution_ms=1.0,
-                           timer_latency_ms=0.05, arrival_ms=0.005, idle_ms=(0.01, 1.0),
-                           wake_ms=(0.0, 0.05)))
+    spread-free calibration (``costly_service``), its runs at its own speed and one
+    arrival set whose rows ran at ``SPEEDS``; the second calibration is 1.25 times as
+    slow."""
+    svc = costly_service()
     policy = bs.BatchPolicy(8, 0.5)
     rate_rps = 0.6 * svc.capacity_rps(8)
 

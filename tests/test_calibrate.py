@@ -1,6 +1,7 @@
 """Calibration: the batcher-cost model in both engines, compare(), and calibrate() on a
 model whose cost is known."""
 
+import itertools
 import math
 import os
 import subprocess
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from service_fakes import sleeping_model
+from service_fakes import costly_service, sleeping_model
 
 import batchsim as bs
 from batchsim.calibrate import (
@@ -24,6 +25,7 @@ from batchsim.calibrate import (
     capacity_check,
     compare,
     fidelity_summary,
+    refit,
     worker_time_ratio,
 )
 from batchsim.result import RunRecorder
@@ -70,6 +72,12 @@ def test_arrivals_during_a_batch_stretch_it_until_none_is_left_out():
     # 1 ms alone; 0.2 and 0.5 fall in -> 2 ms; then 1.2 and 1.8 -> 3 ms; 3.0 is not before.
     assert costs.end_s(0.0, 1 * MS, arrivals) == pytest.approx(3 * MS)
     assert BatcherCosts().end_s(1.0, 0.25, arrivals) == 1.25
+    # The first arrival costs 0.3 ms more: 0.2 and 0.5 -> 2.3 ms; 1.2 and 1.8 -> 3.3 ms;
+    # then 3.0 falls in -> 3.8 ms.
+    first = BatcherCosts(arrival_ms=0.5, first_arrival_ms=0.3)
+    assert first.end_s(0.0, 1 * MS, arrivals) == pytest.approx(3.8 * MS)
+    # A batch that receives nothing pays nothing.
+    assert first.end_s(2.0 * MS, 0.5 * MS, arrivals) == pytest.approx(2.5 * MS)
 
 
 def test_calibrated_service_mean_is_the_typical_time_times_the_mean_ratio():
@@ -95,16 +103,12 @@ def test_capacity_counts_release_and_the_stretch_of_arrivals():
     rate = 4 / cycle_s                      # at saturation: b arrivals per cycle
     batch_s = cycle_s - 0.25 * MS
     assert batch_s == pytest.approx(1 * MS + 0.05 * MS * rate * batch_s)
-
-
-def costly_service(jitter_quantiles=()) -> CalibratedService:
-    """A calibrated service with every cost a batch's worker time has."""
-    return CalibratedService(
-        bs.ProfileService((1, 8), (0.5, 1.2)), per_batch_ms=0.1, per_item_ms=0.01,
-        jitter_quantiles=jitter_quantiles,
-        costs=BatcherCosts(react_ms=0.02, release_ms=0.03, release_per_item_ms=0.001,
-                           timer_resolution_ms=1.0, timer_latency_ms=0.05, arrival_ms=0.005,
-                           idle_ms=(0.01, 1.0), wake_ms=(0.0, 0.05)))
+    # Every batch receives requests at saturation: the first one's cost, each time.
+    first = CalibratedService(bs.AffineService(1.0, 0.0), costs=BatcherCosts(
+        release_ms=0.25, arrival_ms=0.05, first_arrival_ms=0.1))
+    cycle_s = 4 / first.capacity_rps(4)
+    batch_s = cycle_s - 0.25 * MS
+    assert batch_s == pytest.approx(1.1 * MS + 0.05 * MS * (4 / cycle_s) * batch_s)
 
 
 def test_at_speed_scales_the_workers_time_and_leaves_the_loop_alone():
@@ -114,6 +118,7 @@ def test_at_speed_scales_the_workers_time_and_leaves_the_loop_alone():
     np.testing.assert_allclose(slow.mean_ms(b), 1.5 * svc.mean_ms(b))
     assert slow.jitter_quantiles == svc.jitter_quantiles
     assert slow.costs.arrival_ms == pytest.approx(1.5 * svc.costs.arrival_ms)
+    assert slow.costs.first_arrival_ms == pytest.approx(1.5 * svc.costs.first_arrival_ms)
     assert slow.costs.wake_s(0.5e-3) == pytest.approx(1.5 * svc.costs.wake_s(0.5e-3))
     for same in ("react_ms", "release_ms", "release_per_item_ms", "timer_resolution_ms",
                  "timer_latency_ms", "idle_ms"):
@@ -206,7 +211,8 @@ costs_st = st.builds(
     release_per_item_ms=st.sampled_from([0.0, 0.01]),
     timer_resolution_ms=st.sampled_from([0.0, 0.3, 1.0]),
     timer_latency_ms=st.sampled_from([0.0, 0.1]), arrival_ms=st.sampled_from([0.0, 0.05]),
-    idle_ms=st.just((0.01, 0.1, 1.0)), wake_ms=st.sampled_from([(0, 0, 0), (0, 0.05, 0.2)]))
+    idle_ms=st.just((0.01, 0.1, 1.0)), wake_ms=st.sampled_from([(0, 0, 0), (0, 0.05, 0.2)]),
+    first_arrival_ms=st.sampled_from([0.0, 0.07]))
 workloads = st.one_of(
     st.builds(bs.Poisson, st.floats(50, 8000)),
     st.builds(bs.Constant, st.sampled_from([250.0, 1000.0, 4000.0])),    # ties
@@ -348,6 +354,51 @@ def test_a_request_sent_right_after_a_dispatch_delays_that_batch():
     assert res.arrival_s == pytest.approx([1.11 * MS, 2.23 * MS])
     assert res.start_s == pytest.approx([2.22 * MS, 2.92 * MS])
     assert res.end_s == pytest.approx([2.92 * MS, 3.42 * MS])
+
+
+def test_the_first_request_received_during_a_batch_costs_it_once():
+    """max_batch_size 1, 3 ms a batch; 0.2 ms per request received during one and 0.3 ms
+    more for the first; timers as above. The first request reaches the batcher at 1.11
+    ms and its batch leaves at 1.12 ms. The loop sleeps; the send due at 1.5 ms wakes it
+    at 2.22 ms and reaches the batcher at 2.23 ms (0.5 ms more for the batch), the one
+    due at 2.5 ms at 3.35 ms (0.2 ms more): the batch ends at 4.82 ms, not 5.12."""
+    costs = BatcherCosts(react_ms=0.01, timer_resolution_ms=1.0, timer_latency_ms=0.1,
+                         arrival_ms=0.2, first_arrival_ms=0.3)
+    svc = CalibratedService(bs.AffineService(3.0, 0.0), costs=costs)
+    res = bs.simulate(bs.Trace([0.05 * MS, 1.5 * MS, 2.5 * MS]), bs.BatchPolicy(1, 0.0),
+                      svc, sender="loop")
+    assert res.arrival_s == pytest.approx([1.11 * MS, 2.23 * MS, 3.35 * MS])
+    assert res.start_s == pytest.approx([1.12 * MS, 4.82 * MS, 7.82 * MS])
+    assert res.end_s == pytest.approx([4.82 * MS, 7.82 * MS, 10.82 * MS])
+
+
+@pytest.mark.parametrize("sender", [None, "loop"])
+def test_a_refit_recovers_the_costs_that_simulated_runs_were_made_with(sender):
+    """Runs simulated without a spread hold each batch's typical time exactly: fitted
+    again on them, a calibration that knew nothing of the batcher gets back its costs
+    per batch, per request, per arrival and for the first arrival, the release and the
+    reaction, and finds no wake-up after idle; ``s(b)`` and the timer stay its own."""
+    svc = costly_service(idle_ms=(), wake_ms=())
+    costs = svc.costs
+    runs = [bs.simulate(bs.Poisson(load * svc.capacity_rps(8)), bs.BatchPolicy(8, wait_ms),
+                        svc, n_requests=1500, seed=k, sender=sender)
+            for k, (load, wait_ms) in enumerate(itertools.product((0.1, 0.4, 0.7), (0.0, 1.0)))]
+    naive = CalibratedService(svc.model, costs=BatcherCosts(timer_resolution_ms=1.0,
+                                                            timer_latency_ms=0.05))
+    fit = refit(naive, runs)
+    assert fit.model == svc.model
+    assert fit.per_batch_ms == pytest.approx(0.1, rel=1e-9)
+    assert fit.per_item_ms == pytest.approx(0.01, rel=1e-9)
+    c = fit.costs
+    for name in ("react_ms", "release_ms", "release_per_item_ms", "timer_resolution_ms",
+                 "timer_latency_ms", "arrival_ms", "first_arrival_ms"):
+        assert getattr(c, name) == pytest.approx(getattr(costs, name), rel=1e-9), name
+    assert c.wake_ms == pytest.approx([0.0] * len(c.wake_ms), abs=1e-9)
+    assert fit.jitter_quantiles == pytest.approx([1.0] * len(fit.jitter_quantiles))
+    with pytest.raises(ValueError, match="service must be a CalibratedService"):
+        refit(svc.model, runs)
+    with pytest.raises(ValueError, match="runs must be a non-empty list of RunResults"):
+        refit(svc, [])
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

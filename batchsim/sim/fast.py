@@ -337,9 +337,10 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs):
     generator resumes one step later, at ``t + react``, and sends every request due by
     then -- they reach the batcher at that instant -- and the decision it asks for comes
     ``react`` later still; then the loop sleeps. Each request that reaches the batcher
-    while a batch runs delays it by ``arrival_ms``, as in the other engines: those sent
-    in the turn right after its dispatch too, though they were due before it (the loop
-    sends them before the worker can have the interpreter or, on one core, the core).
+    while a batch runs delays it by ``arrival_ms``, and the first by ``first_arrival_ms``
+    more, as in the other engines: those sent in the turn right after its dispatch too,
+    though they were due before it (the loop sends them before the worker can have the
+    interpreter or, on one core, the core).
     One worker, nobody turned away.
     """
     if workers > 1 or policy.max_queue_size is not None or policy.timeout_ms is not None:
@@ -348,13 +349,14 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs):
     x, n, max_b = sent_s.tolist(), sent_s.size, policy.max_batch_size
     received = np.empty(n)
     react, release = costs.react_s, costs.release_s(np.arange(max_b + 1)).tolist()
-    per_arrival_s = costs.arrival_ms / 1000.0
+    per_arrival_s, first_arrival_s = costs.arrival_ms / 1000.0, costs.first_arrival_ms / 1000.0
     bt, jit = batch_time_s.tolist(), None if jitter is None else jitter.tolist()
     log = _Loop(received, policy, batch_time_s, jitter, workers)
     ends = []
     sent = h = 0                 # requests sent so far; the first waiting one
     free_s, sleep_s, close_s = -math.inf, min(0.0, x[0]), math.inf
     released_s = math.inf        # when the batch in flight releases its worker (none: inf)
+    received_by = 0              # the batches started when requests last came mid-batch
 
     def head_due_s(now_s):
         """The rule's instant for the batch headed by the first waiting request."""
@@ -386,6 +388,9 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs):
             received[first:sent] = t
             if released_s < math.inf and t < ends[-1]:    # they reach it mid-batch
                 stretch_s = per_arrival_s * (sent - first)
+                if received_by != len(ends):               # its first ones
+                    stretch_s += first_arrival_s
+                    received_by = len(ends)
                 ends[-1] += stretch_s
                 released_s += stretch_s
             if sent == n:

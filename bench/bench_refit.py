@@ -1,0 +1,101 @@
+"""What a change of the cost model does to a saved fidelity run's predictions.
+
+``bench_fidelity.py --save-runs RUNS.pkl.gz`` keeps the calibrated service, the ten runs
+its costs were fitted on and every row's real run. This bench fits the costs again on
+those ten runs with the kit's code as it is now (``batchsim.calibrate.refit``: ``s(b)``
+and the timer kept), simulates every row's scheduled arrivals with the saved calibration
+and with the refitted one (the load generator on the loop, as ``fidelity`` does), and
+prints per arrival set the median absolute error of p50, p99 and throughput, and the
+signed median p50 error, of each against the same real runs. A change to the model of
+the batcher's costs then shows on runs already made -- a GPU machine's too -- rather
+than on new runs, whose machine has drifted since.
+
+Run: ``.venv/bin/python bench/bench_refit.py RUNS.pkl.gz`` (``--out FILE`` writes JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+METRICS = ("latency_ms_p50", "latency_ms_p99", "throughput_rps")
+COSTS = ("per_batch_ms", "per_item_ms", "arrival_ms", "first_arrival_ms")
+
+
+def row_errors(service, runs) -> dict:
+    """Per metric, each row's relative error (simulated over real, less 1) when
+    ``service`` simulates the row's scheduled arrivals."""
+    import batchsim as bs
+    from batchsim.calibrate import compare
+
+    errors = {m: [] for m in METRICS}
+    for run in runs:
+        real = run["real"]
+        sim = bs.simulate(bs.Trace(real.meta["scheduled_s"]), run["policy"], service,
+                          seed=run["seed"], sender="loop")
+        table = compare(real, sim).table["rel_error"]
+        for m in METRICS:
+            errors[m].append(float(table[m]))
+    return errors
+
+
+def summarize(errors: dict) -> dict:
+    """Median absolute error per metric, and the signed median p50 error (the bias)."""
+    out = {f"median_abs_err_{m}": float(np.median(np.abs(errors[m]))) for m in METRICS}
+    out["median_err_latency_ms_p50"] = float(np.median(errors["latency_ms_p50"]))
+    return out
+
+
+def costs_of(service) -> dict:
+    """The worker's fitted costs (ms): per batch, per request, per arrival, the first's."""
+    return {"per_batch_ms": service.per_batch_ms, "per_item_ms": service.per_item_ms,
+            "arrival_ms": service.costs.arrival_ms,
+            "first_arrival_ms": getattr(service.costs, "first_arrival_ms", 0.0)}
+
+
+def compare_fits(saved: dict) -> dict:
+    """The saved calibration against its refit, over every saved arrival set."""
+    from batchsim.calibrate import refit
+
+    fits = {"saved": saved["service"],
+            "refitted": refit(saved["service"], saved["calibration_runs"])}
+    report = {"costs": {name: costs_of(svc) for name, svc in fits.items()}}
+    for name, runs in saved["runs"].items():
+        report[name] = {fit: {**summarize(errors := row_errors(svc, runs)),
+                              "rows": errors} for fit, svc in fits.items()}
+    return report
+
+
+def print_report(report: dict) -> None:
+    for fit, costs in report["costs"].items():
+        print(f"{fit:>9}: " + ", ".join(f"{k} {1e3 * v:.2f} us" for k, v in costs.items()))
+    for name, fits in report.items():
+        if name == "costs":
+            continue
+        print(f"-- {name}: median |error| p50, p99, throughput; signed median p50")
+        for fit, s in fits.items():
+            print(f"   {fit:>9}: {s['median_abs_err_latency_ms_p50']:.1%}, "
+                  f"{s['median_abs_err_latency_ms_p99']:.1%}, "
+                  f"{s['median_abs_err_throughput_rps']:.2%}; "
+                  f"{s['median_err_latency_ms_p50']:+.1%}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs", help="a bench_fidelity.py --save-runs pickle (gzipped)")
+    p.add_argument("--out", default=None, help="also write the report as JSON")
+    args = p.parse_args()
+    report = compare_fits(pickle.loads(gzip.decompress(Path(args.runs).read_bytes())))
+    print_report(report)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
