@@ -30,12 +30,9 @@ sets the runs against the calibration made after the grid, ``--out FILE`` writes
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
-import pickle
-from pathlib import Path
 
 import numpy as np
+from bench_fidelity import load_saved_runs, write_report
 
 #: Bin edges (lower ends) of batch size and of the requests received during a batch.
 SIZE_EDGES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -162,15 +159,13 @@ def main() -> None:
                    help="against the calibration made after the grid (--recalibrate)")
     p.add_argument("--out", default=None, help="also write the report as JSON")
     args = p.parse_args()
-    saved = pickle.loads(gzip.decompress(Path(args.runs).read_bytes()))
+    saved = load_saved_runs(args.runs)
     if args.recalibration and "recalibration" not in saved:
         raise SystemExit(f"--recalibration: {args.runs} has no second calibration "
                          f"(bench_fidelity.py --recalibrate makes one)")
     report = analyze(saved, args.recalibration)
     print_report(report)
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-        print(f"wrote {args.out}")
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":

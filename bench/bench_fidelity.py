@@ -109,6 +109,25 @@ def settle_machine(args):
     return torch
 
 
+def save_runs(saved: dict, path) -> None:
+    """Pickle (gzipped) what ``--save-runs`` keeps, replacing what was there."""
+    Path(path).write_bytes(gzip.compress(pickle.dumps(saved)))
+
+
+def load_saved_runs(path) -> dict:
+    """What ``--save-runs`` pickled: ``service``, ``calibration_runs``, ``runs`` (per
+    arrival set, each row's policy, rate, seed and real run), and with ``--recalibrate``
+    ``recalibration`` and ``recalibration_runs``."""
+    return pickle.loads(gzip.decompress(Path(path).read_bytes()))
+
+
+def write_report(report: dict, out) -> None:
+    """Write ``report`` as JSON to ``out`` and say so (nothing when ``out`` is None)."""
+    if out:
+        Path(out).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {out}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="mlp", choices=["mlp", "cnn", "encoder"],
@@ -214,7 +233,7 @@ def main() -> None:
         for run in saved["runs"][name]:
             run.pop("again")  # the floor's second run: only its errors are needed
         if args.save_runs:
-            Path(args.save_runs).write_bytes(gzip.compress(pickle.dumps(saved)))
+            save_runs(saved, args.save_runs)
     if args.recalibrate:
         saved["recalibration_runs"] = []
         again = calibrate(model, max(grid["max_batch_size"]), seed=0, device=args.device,
@@ -238,7 +257,7 @@ def main() -> None:
         out.write_text(json.dumps(report, indent=1, default=float) + "\n")
         print(f"wrote {out}", flush=True)
         if args.save_runs:
-            Path(args.save_runs).write_bytes(gzip.compress(pickle.dumps(saved)))
+            save_runs(saved, args.save_runs)
 
 
 def report_workload(report: dict, name: str, df) -> dict:

@@ -6,9 +6,10 @@ those ten runs with the kit's code as it is now (``batchsim.calibrate.refit``: `
 and the timer kept), simulates every row's scheduled arrivals with the saved calibration
 and with the refitted one (the load generator on the loop, as ``fidelity`` does), and
 prints per arrival set the median absolute error of p50, p99 and throughput, and the
-signed median p50 error, of each against the same real runs. A change to the model of
-the batcher's costs then shows on runs already made -- a GPU machine's too -- rather
-than on new runs, whose machine has drifted since.
+signed median p50 error, of each against the same real runs, and in how many rows the
+refit comes closer. A change to the model of the batcher's costs then shows on runs
+already made -- a GPU machine's too -- rather than on new runs, whose machine has
+drifted since.
 
 Run: ``.venv/bin/python bench/bench_refit.py RUNS.pkl.gz`` (``--out FILE`` writes JSON).
 """
@@ -16,12 +17,9 @@ Run: ``.venv/bin/python bench/bench_refit.py RUNS.pkl.gz`` (``--out FILE`` write
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
-import pickle
-from pathlib import Path
 
 import numpy as np
+from bench_fidelity import load_saved_runs, write_report
 
 METRICS = ("latency_ms_p50", "latency_ms_p99", "throughput_rps")
 COSTS = ("per_batch_ms", "per_item_ms", "arrival_ms", "first_arrival_ms")
@@ -68,7 +66,19 @@ def compare_fits(saved: dict) -> dict:
     for name, runs in saved["runs"].items():
         report[name] = {fit: {**summarize(errors := row_errors(svc, runs)),
                               "rows": errors} for fit, svc in fits.items()}
+        report[name]["closer"] = closer_rows(report[name]["saved"]["rows"],
+                                             report[name]["refitted"]["rows"])
     return report
+
+
+def closer_rows(saved: dict, refitted: dict) -> dict:
+    """Per metric, in how many rows the refit's error is smaller than the saved one's,
+    and in how many larger (a paired count: the rows share their real runs)."""
+    out = {}
+    for m in METRICS:
+        a, b = np.abs(saved[m]), np.abs(refitted[m])
+        out[m] = {"refitted_closer": int((b < a).sum()), "saved_closer": int((a < b).sum())}
+    return out
 
 
 def print_report(report: dict) -> None:
@@ -78,11 +88,15 @@ def print_report(report: dict) -> None:
         if name == "costs":
             continue
         print(f"-- {name}: median |error| p50, p99, throughput; signed median p50")
-        for fit, s in fits.items():
+        for fit in ("saved", "refitted"):
+            s = fits[fit]
             print(f"   {fit:>9}: {s['median_abs_err_latency_ms_p50']:.1%}, "
                   f"{s['median_abs_err_latency_ms_p99']:.1%}, "
                   f"{s['median_abs_err_throughput_rps']:.2%}; "
                   f"{s['median_err_latency_ms_p50']:+.1%}")
+        print("   rows where the refit is closer / further: " + ", ".join(
+            f"{m.removeprefix('latency_ms_')} {c['refitted_closer']} / {c['saved_closer']}"
+            for m, c in fits["closer"].items()))
 
 
 def main() -> None:
@@ -90,11 +104,9 @@ def main() -> None:
     p.add_argument("runs", help="a bench_fidelity.py --save-runs pickle (gzipped)")
     p.add_argument("--out", default=None, help="also write the report as JSON")
     args = p.parse_args()
-    report = compare_fits(pickle.loads(gzip.decompress(Path(args.runs).read_bytes())))
+    report = compare_fits(load_saved_runs(args.runs))
     print_report(report)
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-        print(f"wrote {args.out}")
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":

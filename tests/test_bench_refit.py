@@ -64,6 +64,7 @@ def test_the_refit_finds_the_costs_and_predicts_its_own_runs_exactly():
     # but one whose p50 is mostly the wait for the timer: 14-40% at p50).
     assert sum(e < -0.1 for e in poisson["saved"]["rows"]["latency_ms_p50"]) == 3
     assert poisson["saved"]["median_err_latency_ms_p50"] < -0.1
+    assert poisson["closer"]["latency_ms_p50"] == {"refitted_closer": 4, "saved_closer": 0}
 
 
 def test_script_reads_a_pickle_and_writes_json(tmp_path):
