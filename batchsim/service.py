@@ -156,10 +156,10 @@ class BatcherCosts:
     received during a batch, as every engine counts them). The first such arrival delays
     it by ``first_arrival_ms`` more: the loop's turn that hands requests over (the load
     generator resumes, lets go of the finished requests, sends what is due and re-arms
-    its sleep) costs as much as ten requests' own work. On one CPU, a batch of a few
-    that received a request was picked up by its worker 20 us (the tiny MLP) to 40 us
-    (the tiny CNN) later than one that received none, and each further request added
-    1-4 us (``bench/bench_batch_residuals.py``). A worker that sat idle before
+    its sleep) costs several requests' own work. On one CPU, the worker picked a batch
+    up 20-26 us later when one request came in right after its dispatch than when none
+    did (the tiny MLP, CNN and encoder), and each further request added about 1-8 us
+    (``bench/bench_batch_residuals.py``). A worker that sat idle before
     its batch is slower to get going (its thread wakes from sleep, its caches are cold):
     the batch takes ``wake_ms`` longer, a table over the idle time ``idle_ms``
     (interpolated in the logarithm of the idle time, flat beyond its ends). All zero: the
