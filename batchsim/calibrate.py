@@ -310,9 +310,9 @@ WARM_BATCHES = 2
 
 
 def _batches(res: RunResult, release: BatcherCosts) -> tuple[np.ndarray, ...]:
-    """Per batch of ``res`` but its first two (they warm the worker up): its size, the
-    time it held its worker (ms), the requests received during it and how long (ms) its
-    worker sat idle before it (from its release, ``release``'s cost after the last)."""
+    """Per batch of ``res`` but its first ``WARM_BATCHES``: its size, the time it held
+    its worker (ms), the requests received during it and how long (ms) its worker sat
+    idle before it (from its release, ``release``'s cost after the last)."""
     keep = slice(WARM_BATCHES, None)
     free_s = np.r_[-np.inf, res.end_s[:-1] + release.release_s(res.size[:-1])]
     return (res.size[keep], 1e3 * (res.end_s - res.start_s)[keep],
@@ -353,7 +353,8 @@ def batch_residuals(service: CalibratedService, res: RunResult):
         raise ValueError(f"service must be a CalibratedService, got {service!r}")
     b, worker_ms, during, idle = _batches(res, service.costs)
     if not b.size:
-        raise ValueError(f"res must have more than two batches, got {res.size.size}")
+        raise ValueError(f"res must have more than {WARM_BATCHES} batches, got "
+                         f"{res.size.size}")
     q = np.asarray(service.jitter_quantiles)
     spread_median = float(np.interp(0.5, np.linspace(0, 1, q.size), q)) if q.size else 1.0
     typical_ms = spread_median * _typical_ms(service, b, during, idle)

@@ -171,7 +171,7 @@ def test_batch_residuals_set_every_batch_against_its_prediction():
     with pytest.raises(ValueError, match="service must be a CalibratedService"):
         batch_residuals(svc.model, run)
     two = bs.simulate(bs.Constant(10.0), bs.BatchPolicy(8, 0.0), svc, n_requests=2)
-    with pytest.raises(ValueError, match="res must have more than two batches"):
+    with pytest.raises(ValueError, match=f"res must have more than {WARM_BATCHES} batches"):
         batch_residuals(svc, two)
 
 
