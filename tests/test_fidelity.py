@@ -29,7 +29,14 @@ import pytest
 from service_fakes import sleeping_model
 
 import batchsim as bs
-from batchsim.calibrate import at_speed, batch_residuals, fidelity, run_pair, worker_time_ratio
+from batchsim.calibrate import (
+    at_speed,
+    batch_residuals,
+    fidelity,
+    refit,
+    run_pair,
+    worker_time_ratio,
+)
 
 BLOCKS = 10
 
@@ -166,6 +173,10 @@ def test_bench_fidelity_saves_the_service_and_each_rows_real_run(tmp_path):
             row["real_throughput_rps"])
         assert np.isfinite(row["recal_err_latency_ms_p50"]) and row["speed_ratio"] > 0
     assert report["recalibration"]["kind"] == "calibrated"
+    # Fitted again on its own runs, each calibration is itself: the fit is deterministic.
+    for key, service in (("calibration_runs", saved["service"]),
+                         ("recalibration_runs", saved["recalibration"])):
+        assert refit(service, saved[key]) == service
     summary = report["workloads"]["poisson"]["summary"]
     assert np.isfinite(summary["median_abs_recalibrated_latency_ms_p50"])
     assert np.isfinite(summary["median_abs_between_calibrations_latency_ms_p50"])
