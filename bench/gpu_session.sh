@@ -19,7 +19,10 @@
 #          calibration after the grid -> $OUT/fidelity_<model>_bfloat16.json, and both
 #          calibrations with their runs and the grid's real runs ->
 #          $OUT/fidelity_<model>_runs.pkl.gz (to refit and re-simulate them elsewhere;
-#          bench_fidelity.py; the fast engine simulates, so SimPy need not be there).
+#          bench_fidelity.py; the fast engine simulates, so SimPy need not be there), and
+#          their batches against the calibration's prediction, by size, trigger, idle time
+#          and requests received -> $OUT/batch_residuals_<model>_bfloat16.{json,log}
+#          (bench_batch_residuals.py).
 # Each part is its own process under its own time limit, and every JSON is written as soon as
 # its numbers exist, so a failure or a timeout keeps everything measured before it. A CUDA
 # graph capture that fails falls back to the eager model and is reported in the JSON and log.
@@ -98,6 +101,10 @@ if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then
             --out "$OUT/fidelity_${model}_${dtype}.json" \
             --save-runs "$OUT/fidelity_${model}_runs.pkl.gz" 2>&1 | tee "$OUT/fidelity_${model}.log"
         echo "fidelity $model exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+        timeout -k 5 60 "$PYTHON" bench/bench_batch_residuals.py \
+            "$OUT/fidelity_${model}_runs.pkl.gz" --out "$OUT/batch_residuals_${model}_${dtype}.json" \
+            > "$OUT/batch_residuals_${model}_${dtype}.log" 2>&1
+        echo "batch residuals $model exit $?"
         pack
     done
 fi

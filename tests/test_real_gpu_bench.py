@@ -79,3 +79,23 @@ def test_session_script_skips_the_bench_and_measures_placements_packed(tmp_path)
         assert set(row["rps"]) == {v[0] for v in VARIANTS[:2]}
         for rps in row["rps"].values():
             assert set(rps) == placements and all(r > 0 for r in rps.values())
+
+
+def test_session_script_measures_fidelity_and_takes_the_batches_apart_packed(tmp_path):
+    """``BATCHSIM_GPU_FIDELITY=1`` (the CPU dry run takes the path CUDA takes): per model,
+    the fidelity grid with both calibrations, the pickled runs, and their batches against
+    the calibration's prediction, all in the one archive a device machine hands back."""
+    env = {**os.environ, "BATCHSIM_GPU_DRY": "1", "OUT": str(tmp_path), "PYTHON": sys.executable,
+           "BATCHSIM_GPU_BENCH": "0", "BATCHSIM_GPU_FIDELITY": "1", "BATCHSIM_GPU_PACK": "1"}
+    log = subprocess.run(["bash", "bench/gpu_session.sh"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    with tarfile.open(tmp_path / "all.tar.gz") as packed:
+        names = set(packed.getnames())
+    for model in ("encoder", "cnn"):
+        assert f"fidelity {model} exit 0" in log and f"batch residuals {model} exit 0" in log
+        assert {f"parts/fidelity_{model}_float32.json", f"parts/fidelity_{model}_runs.pkl.gz",
+                f"parts/batch_residuals_{model}_float32.json"} <= names
+        report = json.loads((tmp_path / "parts" / f"batch_residuals_{model}_float32.json")
+                            .read_text())
+        assert set(report) == {"calibration_runs", "poisson", "poisson-seed2", "bursty"}
+        assert report["poisson"]["row_speeds"]["rows"] == 12
