@@ -243,7 +243,10 @@ SATURATED_REQUESTS = 2000
 #: cost in the loop's wake-ups, which one cost per request does not model): fitted on
 #: light loads only (up to 0.4), the tiny encoder's cost per arrival came out 4.4 us
 #: against 3.0 us with runs at 0.6 and 0.8 added, and the simulated p50 under bursts at
-#: max_batch_size=64 was 50-100% high.
+#: max_batch_size=64 was 50-100% high. The first request's extra cost
+#: (``first_arrival_ms``) now takes in part of it. Runs above 1 (overload) would show
+#: batches receiving more requests than they hold, as bursts do, but two at 1.5 did not
+#: bring the bursts closer (``bench/results/README.md``).
 CALIBRATION_LOADS = (0.02, 0.1, 0.25, 0.4, 0.7)
 #: A batch this much (ms) slower than predicted was stalled by the machine (descheduled
 #: for a Linux time slice of a few ms, or paused by a garbage collection).
