@@ -320,6 +320,15 @@ def test_a_sender_on_an_ideal_loop_changes_nothing(max_b, max_wait_ms):
     np.testing.assert_allclose(sent.finish_s, plain.finish_s, atol=1e-12, rtol=0)
 
 
+def sent_by_hand(due_ms, policy, batch_ms, **costs):
+    """The run of a sender on the loop that sends requests due at ``due_ms``, batches of
+    ``batch_ms`` whatever their size; timers on a 1 ms grid and 0.1 ms late, react 0.01
+    ms, and ``costs``."""
+    svc = CalibratedService(bs.AffineService(batch_ms, 0.0), costs=BatcherCosts(
+        react_ms=0.01, timer_resolution_ms=1.0, timer_latency_ms=0.1, **costs))
+    return bs.simulate(bs.Trace(np.array(due_ms) * MS), policy, svc, sender="loop")
+
+
 def test_a_sender_on_the_loop_by_hand():
     """Greedy, 0.5 ms a batch; timers on a 1 ms grid and 0.1 ms late; react 0.01 ms,
     release 0.05 ms. The loop sleeps from 0: the send due at 0.3 ms wakes it at 1.1 ms,
@@ -329,11 +338,7 @@ def test_a_sender_on_the_loop_by_hand():
     wake it at 2.22 ms, but the release at 1.62 + 0.05 ms comes first: the worker takes
     the request waiting, then the generator sends the due one at 1.68 ms, which waits
     for the release of 2.17 + 0.05 ms."""
-    costs = BatcherCosts(react_ms=0.01, release_ms=0.05, timer_resolution_ms=1.0,
-                         timer_latency_ms=0.1)
-    svc = CalibratedService(bs.AffineService(0.5, 0.0), costs=costs)
-    res = bs.simulate(bs.Trace([0.3 * MS, 1.115 * MS, 1.5 * MS]), bs.BatchPolicy(1, 0.0),
-                      svc, sender="loop")
+    res = sent_by_hand([0.3, 1.115, 1.5], bs.BatchPolicy(1, 0.0), 0.5, release_ms=0.05)
     assert res.arrival_s == pytest.approx([1.11 * MS, 1.13 * MS, 1.68 * MS])
     assert res.start_s == pytest.approx([1.12 * MS, 1.67 * MS, 2.22 * MS])
     assert res.end_s == pytest.approx([1.62 * MS, 2.17 * MS, 2.72 * MS])
@@ -346,11 +351,7 @@ def test_a_request_sent_right_after_a_dispatch_delays_that_batch():
     that fires at 2.22 ms. The batch of one leaves then, and the second request, due
     before it, is sent in the turn after it, at 2.23 ms: the batch ends 0.2 ms later,
     at 2.92 ms. The generator closed with that send, so the second goes at the release."""
-    costs = BatcherCosts(react_ms=0.01, timer_resolution_ms=1.0, timer_latency_ms=0.1,
-                         arrival_ms=0.2)
-    svc = CalibratedService(bs.AffineService(0.5, 0.0), costs=costs)
-    res = bs.simulate(bs.Trace([0.05 * MS, 1.5 * MS]), bs.BatchPolicy(8, 1.0), svc,
-                      sender="loop")
+    res = sent_by_hand([0.05, 1.5], bs.BatchPolicy(8, 1.0), 0.5, arrival_ms=0.2)
     assert res.arrival_s == pytest.approx([1.11 * MS, 2.23 * MS])
     assert res.start_s == pytest.approx([2.22 * MS, 2.92 * MS])
     assert res.end_s == pytest.approx([2.92 * MS, 3.42 * MS])
@@ -362,11 +363,8 @@ def test_the_first_request_received_during_a_batch_costs_it_once():
     ms and its batch leaves at 1.12 ms. The loop sleeps; the send due at 1.5 ms wakes it
     at 2.22 ms and reaches the batcher at 2.23 ms (0.5 ms more for the batch), the one
     due at 2.5 ms at 3.35 ms (0.2 ms more): the batch ends at 4.82 ms, not 5.12."""
-    costs = BatcherCosts(react_ms=0.01, timer_resolution_ms=1.0, timer_latency_ms=0.1,
-                         arrival_ms=0.2, first_arrival_ms=0.3)
-    svc = CalibratedService(bs.AffineService(3.0, 0.0), costs=costs)
-    res = bs.simulate(bs.Trace([0.05 * MS, 1.5 * MS, 2.5 * MS]), bs.BatchPolicy(1, 0.0),
-                      svc, sender="loop")
+    res = sent_by_hand([0.05, 1.5, 2.5], bs.BatchPolicy(1, 0.0), 3.0, arrival_ms=0.2,
+                       first_arrival_ms=0.3)
     assert res.arrival_s == pytest.approx([1.11 * MS, 2.23 * MS, 3.35 * MS])
     assert res.start_s == pytest.approx([1.12 * MS, 4.82 * MS, 7.82 * MS])
     assert res.end_s == pytest.approx([4.82 * MS, 7.82 * MS, 10.82 * MS])
