@@ -122,10 +122,11 @@ def load_saved_runs(path) -> dict:
 
 
 def write_report(report: dict, out) -> None:
-    """Write ``report`` as JSON to ``out`` and say so (nothing when ``out`` is None)."""
+    """Write ``report`` as JSON to ``out`` (numpy numbers as floats) and say so (nothing
+    when ``out`` is None)."""
     if out:
-        Path(out).write_text(json.dumps(report, indent=1) + "\n")
-        print(f"wrote {out}")
+        Path(out).write_text(json.dumps(report, indent=1, default=float) + "\n")
+        print(f"wrote {out}", flush=True)
 
 
 def main() -> None:
@@ -228,8 +229,7 @@ def main() -> None:
                   f"with it: {summary['speed_corr_err_latency_ms_p50']:+.2f}", flush=True)
         report["loadavg_end"] = os.getloadavg()
         report["elapsed_s"] = time.perf_counter() - t0
-        out.write_text(json.dumps(report, indent=1, default=float) + "\n")
-        print(f"wrote {out}", flush=True)
+        write_report(report, out)
         for run in saved["runs"][name]:
             run.pop("again")  # the floor's second run: only its errors are needed
         if args.save_runs:
@@ -254,8 +254,7 @@ def main() -> None:
                   f"{summary['median_abs_between_calibrations_latency_ms_p50']:.1%}, p99 "
                   f"{summary['median_abs_between_calibrations_latency_ms_p99']:.1%}",
                   flush=True)
-        out.write_text(json.dumps(report, indent=1, default=float) + "\n")
-        print(f"wrote {out}", flush=True)
+        write_report(report, out)
         if args.save_runs:
             save_runs(saved, args.save_runs)
 

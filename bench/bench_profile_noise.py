@@ -20,12 +20,10 @@ default; ``--quick`` for a few).
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import numpy as np
-from bench_fidelity import add_machine_args, settle_machine
+from bench_fidelity import add_machine_args, settle_machine, write_report
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 SHORT_REPEATS = 30
@@ -86,8 +84,7 @@ def main() -> None:
         report = {"model": f"tiny-{args.model}", "sizes": SIZES, "seconds": seconds,
                   "short_repeats": SHORT_REPEATS, "long_s": long_s, "cpu": args.cpu,
                   "nice": args.nice, "summary": summary}
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-        print(f"wrote {args.out}")
+        write_report(report, args.out)
 
 
 if __name__ == "__main__":
