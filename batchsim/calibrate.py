@@ -820,17 +820,18 @@ def _speed_probe(model, max_batch_size: int, device) -> float:
     return res.summary()["throughput_rps"]
 
 
-def resimulate(df, runs: list, service: ServiceModel) -> None:
-    """Add ``recal_err_*`` columns to a ``fidelity`` DataFrame: each row's real run (the
-    ``runs`` that ``fidelity(..., runs=)`` collected) against ``service``'s simulation of
-    the same scheduled arrivals, as ``run_pair`` simulates them.
+def resimulate(df, runs: list, service: ServiceModel, prefix: str = "recal_err") -> None:
+    """Add ``{prefix}_*`` columns to a ``fidelity`` DataFrame (or any with a row per
+    run): each row's real run (the ``runs`` that ``fidelity(..., runs=)`` collected)
+    against ``service``'s simulation of the same scheduled arrivals, as ``run_pair``
+    simulates them.
 
     With ``service`` a second calibration of the same batcher, made after the grid,
     ``fidelity_summary`` then also says how far the two calibrations' predictions are
     apart (``median_abs_between_calibrations_*``): how far the machine drifted between
     them, which two real runs seconds apart (the floor) do not see.
     """
-    errors = [_rel_errors("recal_err", run["real"], _simulate_schedule(
+    errors = [_rel_errors(prefix, run["real"], _simulate_schedule(
         run["real"], run["policy"], service, run["seed"])) for run in runs]
     for column in errors[0]:
         df[column] = [e[column] for e in errors]
