@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import time
-from pathlib import Path
 
 import numpy as np
 from bench_fidelity import QUICK_GRID as GRID
-from bench_fidelity import add_machine_args, settle_machine
+from bench_fidelity import add_machine_args, settle_machine, write_report
 
 N_REQUESTS = 4000
 
@@ -125,8 +123,6 @@ def main() -> None:
               f"variation {s['median_p50_cv']:.1%}), p99s {s['median_p99_spread']:.1%}; s(b) "
               f"{np.round(100 * np.array(s['s_b_spread']), 1).tolist()}% apart by size",
               flush=True)
-    if args.out:
-        print(f"wrote {args.out}")
 
 
 def write(args, by_length: dict, elapsed_s: float) -> None:
@@ -138,8 +134,7 @@ def write(args, by_length: dict, elapsed_s: float) -> None:
               "calibrations": {f"{k:g}": [{**c, "predictions": {
                   f"{b}/{mw:g}/{x:g}": v for (b, mw, x), v in c["predictions"].items()}}
                   for c in cals] for k, cals in by_length.items()}}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    write_report(report, args.out)
 
 if __name__ == "__main__":
     main()

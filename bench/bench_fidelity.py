@@ -122,9 +122,10 @@ def load_saved_runs(path) -> dict:
 
 
 def write_report(report: dict, out) -> None:
-    """Write ``report`` as JSON to ``out`` (numpy numbers as floats) and say so (nothing
-    when ``out`` is None)."""
+    """Write ``report`` as JSON to ``out`` (numpy numbers as floats; its folder made if
+    need be) and say so (nothing when ``out`` is None)."""
     if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(report, indent=1, default=float) + "\n")
         print(f"wrote {out}", flush=True)
 

@@ -25,13 +25,11 @@ import argparse
 import contextlib
 import gc
 import itertools
-import json
 import os
 import time
-from pathlib import Path
 
 import numpy as np
-from bench_fidelity import add_machine_args, settle_machine, workloads
+from bench_fidelity import add_machine_args, settle_machine, workloads, write_report
 
 import batchsim as bs
 
@@ -142,8 +140,7 @@ def main() -> None:
               flush=True)
         report["workloads"][name] = {"seed": seed, "summary": s, "rows": rows,
                                      "python_collection_ms": timer.pauses_ms}
-        if args.out:
-            Path(args.out).write_text(json.dumps(report, indent=1, default=float) + "\n")
+        write_report(report, args.out)
 
 
 if __name__ == "__main__":
