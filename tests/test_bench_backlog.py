@@ -1,0 +1,88 @@
+"""``bench/bench_backlog.py``: the simulator's service rate in a backlog against the real one."""
+
+import gzip
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from service_fakes import costly_service
+
+import batchsim as bs
+from batchsim.calibrate import at_speed
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_backlog import compare_backlogs, summarize  # noqa: E402  (a script)
+
+
+def saved_runs(speeds) -> dict:
+    """What ``bench_fidelity.py --save-runs`` pickles, made by the simulator: a
+    spread-free calibration and one arrival set of bursts (their queue builds up), whose
+    "real" runs are the simulator's at ``speeds`` times the calibration's time, their
+    requests sent by a generator on the loop as ``run_load`` sends them."""
+    svc = costly_service()
+    policy = bs.BatchPolicy(8, 0.5)
+    rate_rps = 0.7 * svc.capacity_rps(8)
+    bursts = bs.Bursty(4 * rate_rps, 0.25 * rate_rps, 0.02, 0.06)
+
+    def real(speed, seed):
+        scheduled_s = bursts.arrivals_s(3000, np.random.default_rng(seed))
+        res = bs.simulate(bs.Trace(scheduled_s), policy, at_speed(svc, speed), seed=seed,
+                          sender="loop")
+        res.meta["scheduled_s"] = scheduled_s
+        return res
+
+    return {"service": svc, "calibration_runs": [],
+            "runs": {"bursty": [{"policy": policy, "rate_rps": rate_rps, "seed": k,
+                                 "real": real(speed, k)} for k, speed in enumerate(speeds)]}}
+
+
+def test_a_run_at_the_calibrations_speed_is_served_as_fast_as_simulated():
+    saved = saved_runs((1.0, 1.1))
+    same, slow = compare_backlogs(saved["service"], saved["runs"]["bursty"])
+    # At the calibration's own speed the "real" run is its own simulation, exactly.
+    assert same["err_service_rps"] == pytest.approx(0.0, abs=1e-12)
+    assert same["err_latency_ms_p50"] == pytest.approx(0.0, abs=1e-12)
+    assert same["real"] == same["sim"]
+    assert same["real"]["time_over_typical"] == pytest.approx(1.0, rel=1e-9)
+    assert same["real"]["batches"] >= 50
+    # 1.1 times as slow: every batch takes 1.1 times its typical time; the simulator
+    # serves the backlog faster and predicts a lower p50.
+    assert slow["real"]["time_over_typical"] == pytest.approx(1.1, rel=1e-9)
+    assert slow["sim"]["time_over_typical"] == pytest.approx(1.0, rel=1e-9)
+    assert slow["err_service_rps"] > 0.02 and slow["err_latency_ms_p50"] < 0
+
+
+def test_summary_takes_medians_and_correlates_the_errors():
+    def row(err_rate, err_p50, real_time):
+        return {"err_service_rps": err_rate, "err_latency_ms_p50": err_p50,
+                "real": {"time_over_typical": real_time}, "sim": {"time_over_typical": 1.0}}
+
+    s = summarize([row(0.1, -0.3, 1.1), row(0.02, -0.05, 1.02), row(0.05, 0.2, 1.2)])
+    assert s["rows"] == 3 and s["median_err_service_rps"] == pytest.approx(0.05)
+    assert s["median_abs_err_latency_ms_p50"] == pytest.approx(0.2)
+    assert s["median_real_time_over_typical"] == pytest.approx(1.1)
+    assert s["median_sim_time_over_typical"] == pytest.approx(1.0)
+    assert s["corr_service_rps_latency_p50"] == pytest.approx(
+        np.corrcoef([0.1, 0.02, 0.05], [-0.3, -0.05, 0.2])[0, 1])
+    assert summarize([]) == {"rows": 0}
+
+
+def test_script_reads_a_pickle_and_writes_json(tmp_path):
+    runs = tmp_path / "runs.pkl.gz"
+    runs.write_bytes(gzip.compress(pickle.dumps(saved_runs((1.0, 1.1, 0.95)))))
+    out = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "bench/bench_backlog.py", str(runs), "--out",
+                           str(out)], cwd=ROOT, check=True, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "median over 3 rows" in done.stdout
+    report = json.loads(out.read_text())
+    assert report["bursty"]["summary"]["rows"] == 3
+    # The slow row's error is the largest: the simulator serves it fastest.
+    errors = [r["err_service_rps"] for r in report["bursty"]["rows"]]
+    assert errors.index(max(errors)) == 1
