@@ -296,7 +296,7 @@ def _worker_fit(runs, profile, release: BatcherCosts, min_batches: int = 10) -> 
     # neighbour took the core, the interpreter collected garbage. Such stalls come at
     # their own times, not per batch: they are reported, not drawn for every batch.
     resid = worker_ms - predicted
-    stalled = ~_within(resid, bins) & (resid > STALL_MS)
+    stalled = _stalled(resid, bins)
     inside = ~stalled
     span_s = sum(float(r.end_s[-1] - r.start_s[0]) for r in runs)
     return {"per_batch_ms": per_batch_ms, "per_item_ms": per_item_ms,
@@ -341,8 +341,7 @@ def batch_residuals(service: CalibratedService, res: RunResult):
     worker), ``typical_ms`` (the calibration's prediction for such a batch, the spread's
     median included) and ``ratio``, the one over the other. Grouped by a column, the
     ratios say which batches the simulator gets wrong (by size: the profile's shape; by
-    idle time: the wake-up table; by ``received``: the cost per arrival), and their
-    median over a run how fast the machine ran it (``worker_time_ratio``). Where the run
+    idle time: the wake-up table; by ``received``: the cost per arrival). Where the run
     recorded when each batch's worker picked it up (``meta["batch_phases_s"]``, the real
     batcher), ``pickup_ms`` is the time from its dispatch to then and
     ``received_after_pickup`` the part of ``received`` that came later, while the model
@@ -358,9 +357,7 @@ def batch_residuals(service: CalibratedService, res: RunResult):
     if not b.size:
         raise ValueError(f"res must have more than {WARM_BATCHES} batches, got "
                          f"{res.size.size}")
-    q = np.asarray(service.jitter_quantiles)
-    spread_median = float(np.interp(0.5, np.linspace(0, 1, q.size), q)) if q.size else 1.0
-    typical_ms = spread_median * _typical_ms(service, b, during, idle)
+    typical_ms = _spread_median(service) * _typical_ms(service, b, during, idle)
     keep = slice(WARM_BATCHES, None)
     start_s = res.start_s[keep]
     picked_s = (res.meta["batch_phases_s"][keep, 0] if "batch_phases_s" in res.meta
@@ -377,15 +374,30 @@ def batch_residuals(service: CalibratedService, res: RunResult):
 
 
 def worker_time_ratio(service: CalibratedService, res: RunResult) -> float:
-    """How slow the machine ran a real run's batches against the calibration: the median
-    over its batches of the time each held its worker over ``service``'s typical time
-    for it, the spread's median included (``batch_residuals``).
+    """How slow the machine ran a real run's batches against the calibration: the time
+    its batches held their worker, all together, over the time ``service`` expects those
+    very batches to take on average (each one's typical time, ``batch_residuals``, over
+    the spread's median times its mean).
 
     1 is the calibration's speed; 1.1, batches 10% slower. A shared machine's speed
     drifts by that much within a minute (``bench/bench_profile_noise.py``), and the
-    simulator cannot know it beforehand; ``at_speed`` tells it, after the fact.
+    simulator cannot know it beforehand; ``at_speed`` tells it, after the fact. A ratio
+    of totals, not the median batch's ratio: a queue drains at the batches' mean time,
+    so a run whose slow batches are slower than the calibration's spread says ran on a
+    slower machine for every request waiting in a backlog (on bursts, the simulator
+    told the median came out further off: ``bench/results/README.md``). Batches stalled
+    by the machine are left out, as the calibration leaves them out of its spread.
     """
-    return float(batch_residuals(service, res)["ratio"].median())
+    table = batch_residuals(service, res)
+    kept = table[~_stalled((table["worker_ms"] - table["typical_ms"]).to_numpy())]
+    mean_over_median = service.jitter_mean / _spread_median(service)
+    return float(kept["worker_ms"].sum() / (mean_over_median * kept["typical_ms"].sum()))
+
+
+def _spread_median(service: CalibratedService) -> float:
+    """The median of ``service``'s spread of batch times (1 without one)."""
+    q = np.asarray(service.jitter_quantiles)
+    return float(np.interp(0.5, np.linspace(0, 1, q.size), q)) if q.size else 1.0
 
 
 def at_speed(service: CalibratedService, ratio: float) -> CalibratedService:
@@ -413,6 +425,12 @@ def at_speed(service: CalibratedService, ratio: float) -> CalibratedService:
                        costs, arrival_ms=ratio * costs.arrival_ms,
                        first_arrival_ms=ratio * costs.first_arrival_ms,
                        wake_ms=tuple(ratio * w for w in costs.wake_ms)))
+
+
+def _stalled(resid_ms: np.ndarray, groups=None) -> np.ndarray:
+    """Batches stalled by the machine: over ``STALL_MS`` slower than predicted
+    (``resid_ms``) and beyond four median deviations of their group's residuals."""
+    return ~_within(resid_ms, groups) & (resid_ms > STALL_MS)
 
 
 def _within(resid: np.ndarray, groups=None, mads: float = 4.0) -> np.ndarray:

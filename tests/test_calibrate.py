@@ -146,6 +146,42 @@ def test_worker_time_ratio_reads_back_the_speed_a_run_was_simulated_at(speed):
         worker_time_ratio(svc.model, run)
 
 
+def test_worker_time_ratio_is_the_mean_speed_when_slow_batches_are_slower_than_calibrated():
+    """The real batches have the calibration's median but a heavier slow tail (their
+    spread's mean 1.16 against 1.00): a queue drains at the mean, so the ratio reads the
+    tail's cost, the ratio of the two means, within four standard errors of the drawn
+    spread's mean (weighted by each batch's typical time), where the median batch's
+    ratio reads about 1 (the heavy spread's 55th percentile is 1.1; over 1.15, the
+    sample median of about 1,300 batches would be six standard errors off). No costs
+    outside the spread, so a batch's time is its typical time times its draw; the
+    slowest stay within ``STALL_MS`` of their prediction, so none counts as stalled."""
+    no_costs = {"arrival_ms": 0.0, "first_arrival_ms": 0.0, "wake_ms": (0.0, 0.0)}
+    calibrated = costly_service(tuple(np.linspace(0.9, 1.1, 21)), **no_costs)
+    heavy = np.r_[np.linspace(0.9, 1.0, 11), np.linspace(1.1, 1.7, 10)]
+    real = costly_service(tuple(heavy), **no_costs)
+    run = bs.simulate(bs.Poisson(0.5 * real.capacity_rps(8)), bs.BatchPolicy(8, 0.5), real,
+                      n_requests=4000, seed=6)
+    table = batch_residuals(calibrated, run)
+    assert table["ratio"].median() < 1.15
+    expected = real.jitter_mean / calibrated.jitter_mean
+    weights = table["typical_ms"] / table["typical_ms"].sum()
+    se = real.jitter_cv * real.jitter_mean * np.sqrt((weights**2).sum())
+    assert expected == pytest.approx(1.16, abs=0.01)
+    assert abs(worker_time_ratio(calibrated, run) - expected) < 4 * se, (expected, se)
+
+
+def test_worker_time_ratio_leaves_out_a_batch_stalled_by_the_machine():
+    """A spread-free run at the calibration's speed whose last batch was stalled for 5 ms
+    (as by a neighbour taking the core): left out, as the calibration leaves stalls out of
+    its spread, the ratio stays exactly 1."""
+    svc = costly_service()
+    run = bs.simulate(bs.Poisson(0.6 * svc.capacity_rps(8)), bs.BatchPolicy(8, 0.5), svc,
+                      n_requests=2000, seed=3)
+    run.end_s[-1] += 0.005
+    assert run.end_s[-1] - run.start_s[-1] > 0.005
+    assert worker_time_ratio(svc, run) == pytest.approx(1.0, rel=1e-9)
+
+
 def test_batch_residuals_set_every_batch_against_its_prediction():
     """A run simulated 1.3 times as slow as a spread-free calibration: every batch reads
     1.3, whatever its size, trigger, idle time or arrivals received; the last batch
