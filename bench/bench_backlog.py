@@ -10,10 +10,11 @@ run's last arrival) compares, real against simulated:
 
 * the service rate: the requests those batches served over the time from each one's
   start to the next's (requests/s);
-* the mean time a batch held its worker over the mean the calibration predicts for
-  those very batches (their size, idle time and the requests received while they ran;
-  ``batchsim.calibrate.batch_residuals``'s typical time): above 1, batches slower than
-  the calibration says, whatever the reason;
+* the mean time a batch held its worker over the mean of the calibration's typical
+  times for those very batches (their size, idle time and the requests received while
+  they ran, before the spread: ``batchsim.calibrate._typical_ms``): above 1, batches
+  slower than the calibration says, whatever the reason; the simulated batches read
+  the mean of the calibration's spread (about 1);
 * the requests received per batch (the load generator's sends that delay it).
 
 Per arrival set it prints each row with a backlog (at least ``MIN_BATCHES`` such
