@@ -22,7 +22,9 @@
 #          bench_fidelity.py; the fast engine simulates, so SimPy need not be there), and
 #          their batches against the calibration's prediction, by size, trigger, idle time
 #          and requests received -> $OUT/batch_residuals_<model>_bfloat16.{json,log}
-#          (bench_batch_residuals.py).
+#          (bench_batch_residuals.py), and the rate at which the simulator serves each
+#          row's backlogs against the real batcher -> $OUT/backlog_<model>_bfloat16.{json,log}
+#          (bench_backlog.py).
 # Each part is its own process under its own time limit, and every JSON is written as soon as
 # its numbers exist, so a failure or a timeout keeps everything measured before it. A CUDA
 # graph capture that fails falls back to the eager model and is reported in the JSON and log.
@@ -105,6 +107,10 @@ if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then
             "$OUT/fidelity_${model}_runs.pkl.gz" --out "$OUT/batch_residuals_${model}_${dtype}.json" \
             > "$OUT/batch_residuals_${model}_${dtype}.log" 2>&1
         echo "batch residuals $model exit $?"
+        timeout -k 5 60 "$PYTHON" bench/bench_backlog.py \
+            "$OUT/fidelity_${model}_runs.pkl.gz" --out "$OUT/backlog_${model}_${dtype}.json" \
+            > "$OUT/backlog_${model}_${dtype}.log" 2>&1
+        echo "backlog $model exit $?"
         pack
     done
 fi
