@@ -11,11 +11,12 @@ serving ``model`` and returns a ``CalibratedService`` that ``simulate`` accepts:
 * from open-loop runs of the real batcher (Poisson at 2% to 70% of its saturated
   throughput, under a policy that waits for batches to fill and a greedy one), batch by
   batch: the worker's cost around the model per batch and per request, the slower start
-  of a worker that sat idle (a table over the idle time), the delay each request sent
-  during a batch causes it (the event loop's work for it needs the GIL) and the first
-  one's more (the loop's turn that sends), the spread of it all; the release (from a
-  batch's end to its worker taking the next, which was already due); the reaction
-  (from an arrival to the batch it starts on an idle worker);
+  of a worker that went without a batch (a table over the time since its previous
+  batch ended), the delay each request sent during a batch causes it (the event loop's
+  work for it needs the GIL) and the first one's more (the loop's turn that sends), the
+  spread of it all; the release (from a batch's end to its worker taking the next,
+  which was already due) and its spread; the reaction (from an arrival to the batch it
+  starts on an idle worker);
 * the timer: when asyncio wakes for a timer (``loop.call_later``), fitted to
   ``armed + ceil((due - armed) / resolution) * resolution + latency``.
 
@@ -178,13 +179,17 @@ def _fitted(s_b: ServiceModel, measured: list, timer: BatcherCosts,
             metadata: dict) -> CalibratedService:
     """The calibrated service: ``s(b)``, the costs fitted on the ``measured`` runs and
     ``timer``'s timer model; ``metadata`` with what the fit found added."""
-    release_fixed_ms, release_item_ms = _nonnegative_fit(*_releases(measured))
+    sizes, gaps_ms = _releases(measured)
+    release_fixed_ms, release_item_ms = _nonnegative_fit(sizes, gaps_ms)
     release = BatcherCosts(release_ms=release_fixed_ms, release_per_item_ms=release_item_ms)
-    worker = _worker_fit(measured, s_b, release)
+    deviation_ms = gaps_ms - 1e3 * release.release_s(sizes[:, 0])
+    worker = _worker_fit(measured, s_b)
     costs = BatcherCosts(_react_ms(measured, release), release_fixed_ms, release_item_ms,
                          timer.timer_resolution_ms, timer.timer_latency_ms,
                          worker["arrival_ms"], worker["idle_ms"], worker["wake_ms"],
-                         worker["first_arrival_ms"])
+                         worker["first_arrival_ms"], release_spread_ms=tuple(np.quantile(
+                             deviation_ms[_within(deviation_ms)],
+                             np.linspace(0, 1, N_QUANTILES))))
     metadata = {**metadata, "batches": worker["batches"],
                 "stalled_batches": worker["stalled_batches"],
                 "stall_ms_per_s": worker["stall_ms_per_s"]}
@@ -251,21 +256,27 @@ CALIBRATION_LOADS = (0.02, 0.1, 0.25, 0.4, 0.7)
 #: A batch this much (ms) slower than predicted was stalled by the machine (descheduled
 #: for a Linux time slice of a few ms, or paused by a garbage collection).
 STALL_MS = 1.0
-#: Edges (ms) of the bins of worker idle time in the calibration's regression.
-IDLE_EDGES_MS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, math.inf)
+#: Edges (ms) of the bins of the time a worker went without a batch (from the end of its
+#: previous one), in the calibration's regression. Fine below 0.1 ms: on one CPU a batch
+#: dispatched within about 10 us of the previous one's end starts at once, one dispatched
+#: 15-20 us after it pays the worker thread's wake-up (about 40 us for the tiny MLP), and
+#: the releases themselves spread over that step (``bench/results/README.md``).
+IDLE_EDGES_MS = (0.0, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.06,
+                 0.08, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, math.inf)
 
 
-def _worker_fit(runs, profile, release: BatcherCosts, min_batches: int = 10) -> dict:
+def _worker_fit(runs, profile, min_batches: int = 10) -> dict:
     """The worker's time beyond the model's ``s(b)``, by regression over the batches.
 
     ``worker - s(b) = wake(idle) + per_item * b + arrival * received + first_arrival *
     (received > 0)``, ``received`` the requests received during it, with ``wake`` one
-    level per bin of idle time (bins with fewer than ``min_batches`` merged into a
-    neighbour); the least idle level is the fixed cost per batch, the others' excess
-    over it the wake-up table. The spread: each batch's time over its prediction.
+    level per bin of the time its worker went without a batch (``IDLE_EDGES_MS``; bins
+    with fewer than ``min_batches`` merged into a neighbour); the least idle level is the
+    fixed cost per batch, the others' excess over it the wake-up table. The spread: each
+    batch's time over its prediction.
     """
     b, worker_ms, during, idle = (np.concatenate(v) for v in zip(
-        *(_batches(res, release) for res in runs), strict=True))
+        *(_batches(res) for res in runs), strict=True))
     y = worker_ms - profile.mean_ms(b)
     bins = np.digitize(idle, IDLE_EDGES_MS[1:-1])
     levels = np.unique(bins).tolist()
@@ -312,19 +323,20 @@ def _worker_fit(runs, profile, release: BatcherCosts, min_batches: int = 10) -> 
 WARM_BATCHES = 2
 
 
-def _batches(res: RunResult, release: BatcherCosts) -> tuple[np.ndarray, ...]:
+def _batches(res: RunResult) -> tuple[np.ndarray, ...]:
     """Per batch of ``res`` but its first ``WARM_BATCHES``: its size, the time it held
-    its worker (ms), the requests received during it and how long (ms) its worker sat
-    idle before it (from its release, ``release``'s cost after the last)."""
+    its worker (ms), the requests received during it and how long (ms) its worker went
+    without a batch before it (from the end of the worker's previous batch; one worker)."""
     keep = slice(WARM_BATCHES, None)
-    free_s = np.r_[-np.inf, res.end_s[:-1] + release.release_s(res.size[:-1])]
+    last_end_s = np.r_[-np.inf, res.end_s[:-1]]
     return (res.size[keep], 1e3 * (res.end_s - res.start_s)[keep],
-            _received_during(res)[keep], 1e3 * np.maximum(res.start_s - free_s, 0.0)[keep])
+            _received_during(res)[keep], 1e3 * (res.start_s - last_end_s)[keep])
 
 
 def _typical_ms(service: CalibratedService, b, during, idle_ms) -> np.ndarray:
     """The typical time (ms) a batch of ``b`` holds its worker, ``during`` requests
-    received while it ran, ``idle_ms`` after its worker sat idle: before the spread."""
+    received while it ran, ``idle_ms`` since its worker's previous batch ended: before
+    the spread."""
     costs, during = service.costs, np.asarray(during)
     return (service.model.mean_ms(b) + service.per_batch_ms + service.per_item_ms * b
             + costs.arrival_ms * during + costs.first_arrival_ms * (during > 0)
@@ -336,7 +348,8 @@ def batch_residuals(service: CalibratedService, res: RunResult):
 
     One row per batch but the first ``WARM_BATCHES`` (they warm the worker up), in
     dispatch order: ``start_s``, ``size``, ``trigger`` (``"size"``, ``"timeout"`` or
-    ``"flush"``), ``idle_ms`` (how long its worker sat idle before it), ``received`` (the
+    ``"flush"``), ``idle_ms`` (how long its worker went without a batch before it, from
+    the end of its previous one), ``received`` (the
     requests the batcher received while it ran), ``worker_ms`` (the time it held its
     worker), ``typical_ms`` (the calibration's prediction for such a batch, the spread's
     median included) and ``ratio``, the one over the other. Grouped by a column, the
@@ -353,7 +366,7 @@ def batch_residuals(service: CalibratedService, res: RunResult):
 
     if not isinstance(service, CalibratedService):
         raise ValueError(f"service must be a CalibratedService, got {service!r}")
-    b, worker_ms, during, idle = _batches(res, service.costs)
+    b, worker_ms, during, idle = _batches(res)
     if not b.size:
         raise ValueError(f"res must have more than {WARM_BATCHES} batches, got "
                          f"{res.size.size}")

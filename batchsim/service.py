@@ -145,7 +145,11 @@ class BatcherCosts:
     does: ``react_ms`` after each arrival (the callback it schedules runs once the code
     that submitted it yields), when a worker is released, and when a timer fires. A
     worker stays busy ``release_ms + release_per_item_ms * b`` after its batch's requests
-    finish (its results are handed back on the loop before it may take the next batch).
+    finish, on average (its results are handed back on the loop before it may take the
+    next batch), and each batch's release deviates from that by a draw from
+    ``release_spread_ms`` (quantiles at evenly spaced probabilities from 0 to 1; empty:
+    none): on one CPU a tenth of the tiny MLP's releases took about 10 us and half over
+    24 us, and the batch after follows (below).
     A timer due at ``T``, armed when the loop last went to sleep at ``s``, fires at
     ``s + ceil((T - s) / timer_resolution_ms) * timer_resolution_ms +
     timer_latency_ms``: asyncio's epoll selector rounds every sleep up to whole
@@ -159,11 +163,14 @@ class BatcherCosts:
     its sleep) costs several requests' own work. On one CPU, the worker picked a batch
     up 20-26 us later when one request came in right after its dispatch than when none
     did (the tiny MLP, CNN and encoder), and each further request added about 1-8 us
-    (``bench/bench_batch_residuals.py``). A worker that sat idle before
-    its batch is slower to get going (its thread wakes from sleep, its caches are cold):
-    the batch takes ``wake_ms`` longer, a table over the idle time ``idle_ms``
-    (interpolated in the logarithm of the idle time, flat beyond its ends). All zero: the
-    ideal batcher.
+    (``bench/bench_batch_residuals.py``). A worker that went without a batch for a while
+    is slower to get going (its thread has gone to sleep, its caches are cold): the
+    batch takes ``wake_ms`` longer, a table over ``idle_ms``, the time from the end of
+    the worker's previous batch to this one's dispatch, release included (interpolated
+    in the logarithm of that time, flat beyond its ends). On one CPU the step is steep:
+    a tiny MLP's batch dispatched within 10 us of the previous one's end started at
+    once, one dispatched 15-20 us after it ran about 40 us longer. All zero: the ideal
+    batcher.
     """
 
     react_ms: float = 0.0
@@ -175,11 +182,18 @@ class BatcherCosts:
     idle_ms: tuple = ()
     wake_ms: tuple = ()
     first_arrival_ms: float = 0.0
+    release_spread_ms: tuple = ()
 
     def __post_init__(self):
         for name in self.__dataclass_fields__:
-            if name not in ("idle_ms", "wake_ms"):
+            if name not in ("idle_ms", "wake_ms", "release_spread_ms"):
                 object.__setattr__(self, name, _check.non_negative(name, getattr(self, name)))
+        spread = np.asarray(self.release_spread_ms, float)
+        if spread.size and (spread.size < 2 or not np.all(np.isfinite(spread))
+                            or np.any(np.diff(spread) < 0)):
+            raise ValueError(f"release_spread_ms must be at least two finite, non-decreasing "
+                             f"numbers, got {self.release_spread_ms!r}")
+        object.__setattr__(self, "release_spread_ms", tuple(spread.tolist()))
         idle = tuple(_check.positive("idle_ms", x) for x in np.asarray(self.idle_ms).tolist())
         wake = tuple(_check.non_negative("wake_ms", x)
                      for x in np.asarray(self.wake_ms, float).tolist())
@@ -196,8 +210,17 @@ class BatcherCosts:
         return self.react_ms / 1000.0
 
     def release_s(self, batch_size):
-        """How long a worker stays busy after its batch of ``batch_size`` finished."""
+        """How long a worker stays busy after its batch of ``batch_size`` finished, on
+        average."""
         return (self.release_ms + self.release_per_item_ms * np.asarray(batch_size, float)) / 1e3
+
+    def release_deviations_s(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` draws (s) from ``release_spread_ms``, one per batch in dispatch order, to
+        add to ``release_s`` (the sum taken as at least 0); zeros without a spread."""
+        spread = np.asarray(self.release_spread_ms)
+        if not spread.size:
+            return np.zeros(n)
+        return np.interp(rng.random(n), np.linspace(0.0, 1.0, spread.size), spread) / 1e3
 
     def wake_s(self, idle_s: float) -> float:
         """Extra time of a batch whose worker sat idle ``idle_s`` before it (``wake_ms``)."""
@@ -328,14 +351,23 @@ class CalibratedService(ServiceModel):
         saturation ``b`` requests arrive per cycle (``workers`` cycles share them), and
         those arriving during the batch stretch it by ``arrival`` each (and the first by
         ``first_arrival`` more, folded into ``s(b)``):
-        ``S = s(b) + arrival * (workers * b / C) * S``. Solved for ``C``.
+        ``S = s(b) + arrival * (workers * b / C) * S``. Solved for ``C``. The release and
+        the wake-up after it are averaged over the release's spread.
         """
         b = _check.positive_int("max_batch_size", max_batch_size)
         w = _check.positive_int("workers", workers)
-        r = float(self.costs.release_s(b))
-        # Back to back: idle r; and every batch receives requests, the first costlier.
-        s = float(self.mean_s(b)) + self.costs.wake_s(r) + self.costs.first_arrival_ms / 1e3
-        c = self.costs.arrival_ms / 1000.0 * w * b       # stretch per unit of 1/C
+        costs = self.costs
+        # The release's distribution, by the midpoints of 1000 equal slices of probability.
+        spread = np.asarray(costs.release_spread_ms or (0.0, 0.0))
+        slices = (np.arange(_SLICES) + 0.5) / _SLICES
+        releases_s = np.maximum(float(costs.release_s(b)) + np.interp(
+            slices, np.linspace(0.0, 1.0, spread.size), spread) / 1e3, 0.0)
+        r = float(releases_s.mean())
+        # Back to back: the worker went without a batch for its release; and every
+        # batch receives requests, the first costlier.
+        wake_s = float(np.mean([costs.wake_s(x) for x in releases_s]))
+        s = float(self.mean_s(b)) + wake_s + costs.first_arrival_ms / 1e3
+        c = costs.arrival_ms / 1000.0 * w * b            # stretch per unit of 1/C
         # C**2 - (s + r + c) C + r c = 0, the larger root (C > c).
         cycle_s = 0.5 * (s + r + c + math.sqrt((s + r + c) ** 2 - 4 * r * c))
         return w * b / cycle_s
@@ -345,6 +377,10 @@ class CalibratedService(ServiceModel):
                 "per_batch_ms": self.per_batch_ms, "per_item_ms": self.per_item_ms,
                 "jitter_quantiles": list(self.jitter_quantiles),
                 "costs": self.costs.to_dict(), "metadata": self.metadata}
+
+
+#: Slices of probability over which ``capacity_rps`` averages the release.
+_SLICES = 1000
 
 
 def _quantile_moment(q: np.ndarray, power: int) -> float:

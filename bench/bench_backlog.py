@@ -42,7 +42,7 @@ def backlog_stats(service, res) -> dict | None:
     ``MIN_BATCHES``)."""
     from batchsim.calibrate import WARM_BATCHES, _batches, _typical_ms
 
-    b, worker_ms, received, idle_ms = _batches(res, service.costs)
+    b, worker_ms, received, idle_ms = _batches(res)
     start_s = res.start_s[WARM_BATCHES:]
     waiting = (np.searchsorted(res.arrival_s, start_s, "right")
                - np.cumsum(res.size)[WARM_BATCHES:] + b)

@@ -20,6 +20,7 @@ from batchsim.calibrate import (
     CALIBRATION_LOADS,
     CAPACITY_TOLERANCE,
     WARM_BATCHES,
+    _releases,
     at_speed,
     batch_residuals,
     capacity_check,
@@ -43,6 +44,9 @@ MS = 1e-3
     ({"idle_ms": (1.0, 2.0), "wake_ms": (0.1,)}, "one entry per idle_ms"),
     ({"idle_ms": (2.0, 1.0), "wake_ms": (0.1, 0.2)}, "strictly increasing"),
     ({"idle_ms": (0.0,), "wake_ms": (0.1,)}, "idle_ms"),
+    ({"release_spread_ms": (0.1,)}, "release_spread_ms"),
+    ({"release_spread_ms": (0.1, -0.1)}, "release_spread_ms"),
+    ({"release_spread_ms": (0.0, math.nan)}, "release_spread_ms"),
 ])
 def test_batcher_costs_refuse_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -109,6 +113,15 @@ def test_capacity_counts_release_and_the_stretch_of_arrivals():
     cycle_s = 4 / first.capacity_rps(4)
     batch_s = cycle_s - 0.25 * MS
     assert batch_s == pytest.approx(1.1 * MS + 0.05 * MS * (4 / cycle_s) * batch_s)
+    # A release spread uniformly over 0.25 +- 0.5 ms, never below 0: it averages
+    # (0.75 ** 2 / 2) ms; the wake-up after it is averaged too (1 ms from 0.5 ms on).
+    spread = CalibratedService(bs.AffineService(1.0, 0.0), costs=BatcherCosts(
+        release_ms=0.25, release_spread_ms=(-0.5, 0.5)))
+    assert 4 / spread.capacity_rps(4) == pytest.approx(1.28125 * MS, rel=1e-5)
+    woken = CalibratedService(bs.AffineService(1.0, 0.0), costs=BatcherCosts(
+        release_ms=0.25, release_spread_ms=(-0.5, 0.5), idle_ms=(0.4999, 0.5),
+        wake_ms=(0.0, 1.0)))
+    assert 4 / woken.capacity_rps(4) == pytest.approx((1.28125 + 0.25) * MS, rel=1e-3)
 
 
 def test_at_speed_scales_the_workers_time_and_leaves_the_loop_alone():
@@ -248,7 +261,8 @@ costs_st = st.builds(
     timer_resolution_ms=st.sampled_from([0.0, 0.3, 1.0]),
     timer_latency_ms=st.sampled_from([0.0, 0.1]), arrival_ms=st.sampled_from([0.0, 0.05]),
     idle_ms=st.just((0.01, 0.1, 1.0)), wake_ms=st.sampled_from([(0, 0, 0), (0, 0.05, 0.2)]),
-    first_arrival_ms=st.sampled_from([0.0, 0.07]))
+    first_arrival_ms=st.sampled_from([0.0, 0.07]),
+    release_spread_ms=st.sampled_from([(), (-0.04, 0.0, 0.1)]))
 workloads = st.one_of(
     st.builds(bs.Poisson, st.floats(50, 8000)),
     st.builds(bs.Constant, st.sampled_from([250.0, 1000.0, 4000.0])),    # ties
@@ -321,19 +335,21 @@ def test_a_closed_stream_flushes_at_the_last_arrivals_wake_up():
 
 
 def test_release_react_and_wake_by_hand():
-    """One request a batch; 1 ms each, 0.5 ms release, 0.1 ms react; wake 0.3 ms after
-    a long idle, none back to back."""
-    costs = BatcherCosts(react_ms=0.1, release_ms=0.5, idle_ms=(0.01, 10.0),
+    """One request a batch; 1 ms each, 0.5 ms release, 0.1 ms react; the wake-up counts
+    from the end of the worker's previous batch: none after just the release, 0.3 ms
+    after 10 ms or more."""
+    costs = BatcherCosts(react_ms=0.1, release_ms=0.5, idle_ms=(0.5, 10.0),
                          wake_ms=(0.0, 0.3))
     svc = CalibratedService(bs.AffineService(1.0, 0.0), costs=costs)
-    trace = bs.Trace([0.0, 0.2 * MS])
+    trace = bs.Trace([0.0, 0.2 * MS, 20 * MS])
     for engine in ("fast", "simpy"):
         res = bs.simulate(trace, bs.BatchPolicy(1, 0.0), svc, engine=engine)
-        # First: woken 0.1 ms after its arrival, never-used worker (idle: infinite).
-        # Second: waits for the release at 1.4 + 0.5 ms; back to back, no wake cost.
-        assert res.start_s == pytest.approx([0.1 * MS, 1.9 * MS])
-        assert res.end_s == pytest.approx([1.4 * MS, 2.9 * MS])
-        assert res.latency_s == pytest.approx([1.4 * MS, 2.7 * MS])
+        # First: woken 0.1 ms after its arrival, never-used worker (its last batch: never).
+        # Second: waits for the release at 1.4 + 0.5 ms; 0.5 ms after the end, no wake.
+        # Third: woken at 20.1 ms, 17.2 ms after the worker's last batch ended.
+        assert res.start_s == pytest.approx([0.1 * MS, 1.9 * MS, 20.1 * MS])
+        assert res.end_s == pytest.approx([1.4 * MS, 2.9 * MS, 21.4 * MS])
+        assert res.latency_s == pytest.approx([1.4 * MS, 2.7 * MS, 1.4 * MS])
 
 
 
@@ -428,11 +444,36 @@ def test_a_refit_recovers_the_costs_that_simulated_runs_were_made_with(sender):
                  "timer_latency_ms", "arrival_ms", "first_arrival_ms"):
         assert getattr(c, name) == pytest.approx(getattr(costs, name), rel=1e-9), name
     assert c.wake_ms == pytest.approx([0.0] * len(c.wake_ms), abs=1e-9)
+    assert c.release_spread_ms == pytest.approx([0.0] * len(c.release_spread_ms), abs=1e-9)
     assert fit.jitter_quantiles == pytest.approx([1.0] * len(fit.jitter_quantiles))
     with pytest.raises(ValueError, match="service must be a CalibratedService"):
         refit(svc.model, runs)
     with pytest.raises(ValueError, match="runs must be a non-empty list of RunResults"):
         refit(svc, [])
+
+
+def test_a_refit_recovers_the_spread_of_the_release():
+    """Releases drawn uniformly 10 us either side of their line: fitted again, the line
+    and the spread's quantiles come back within four standard errors (a quantile's:
+    ``sqrt(p (1 - p) / n)`` over the density, 50 per ms)."""
+    svc = costly_service(idle_ms=(), wake_ms=(), release_spread_ms=(-0.01, 0.01))
+    runs = [bs.simulate(bs.Poisson(load * svc.capacity_rps(8)), bs.BatchPolicy(8, 0.0),
+                        svc, n_requests=3000, seed=k, sender="loop")
+            for k, load in enumerate((0.4, 0.7, 0.9))]
+    fit = refit(svc, runs).costs
+    sizes = _releases(runs)[0][:, 0]
+    n = sizes.size
+    assert n > 1000
+    # Least squares on the releases (sd 0.01 / sqrt(3) ms): the intercept's standard
+    # error, the largest of the line's over the sizes (at b = 0).
+    line_se_ms = 0.01 / math.sqrt(3) * math.sqrt(1 / n + sizes.mean() ** 2
+                                                 / ((sizes - sizes.mean()) ** 2).sum())
+    assert fit.release_ms == pytest.approx(0.03, abs=4 * line_se_ms)
+    quantiles = np.interp((0.1, 0.5, 0.9), np.linspace(0, 1, len(fit.release_spread_ms)),
+                          fit.release_spread_ms)
+    for p, q in zip((0.1, 0.5, 0.9), quantiles, strict=True):
+        se_ms = math.sqrt(p * (1 - p) / n) / 50 + line_se_ms
+        assert q == pytest.approx(0.02 * p - 0.01, abs=4 * se_ms), p
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

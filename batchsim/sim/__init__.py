@@ -68,13 +68,16 @@ def simulate(workload: Workload, policy: BatchPolicy, service: ServiceModel,
     arrival_s = np.ascontiguousarray(workload.arrivals_s(n_requests, arrival_rng), dtype=float)
     batch_time_s = np.asarray(service.mean_s(np.arange(policy.max_batch_size + 1)), float)
     jitter = service.jitter_factors(service_rng, arrival_s.size)
+    release_dev_s = (None if costs is None
+                     else costs.release_deviations_s(service_rng, arrival_s.size))
 
     res = None
     if engine != "simpy":
         from . import fast
 
         try:
-            res = fast.run(arrival_s, policy, batch_time_s, jitter, workers, costs, sender)
+            res = fast.run(arrival_s, policy, batch_time_s, jitter, workers, costs, sender,
+                           release_dev_s)
         except NotImplementedError as e:
             if sender is not None:
                 raise ValueError(f"sender='loop' with workers={workers} and {policy!r}: {e}") \
@@ -84,6 +87,6 @@ def simulate(workload: Workload, policy: BatchPolicy, service: ServiceModel,
     if res is None:
         from . import des
 
-        res = des.run(arrival_s, policy, batch_time_s, jitter, workers, costs)
+        res = des.run(arrival_s, policy, batch_time_s, jitter, workers, costs, release_dev_s)
     res.meta.update(workload=repr(workload), policy=policy, service=service, seed=seed)
     return res

@@ -14,8 +14,9 @@ computes them, so it schedules events at absolute times (``_At``).
 
 With ``costs`` (a ``BatcherCosts``: the real batcher's own delays) decisions happen only
 when the batcher's event loop is awake: ``react`` after every arrival, when a worker is
-released (``release`` after its batch finished) and when the loop's timer fires; the
-timer is re-armed at every wake-up (``costs.timer_fire_s``).
+released (``release`` after its batch finished, plus the batch's draw from the release's
+spread) and when the loop's timer fires; the timer is re-armed at every wake-up
+(``costs.timer_fire_s``).
 """
 
 from __future__ import annotations
@@ -53,12 +54,15 @@ class _At(simpy.Event):
 
 
 def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarray,
-        jitter: np.ndarray | None, workers: int, costs=None) -> RunResult:
+        jitter: np.ndarray | None, workers: int, costs=None,
+        release_dev_s: np.ndarray | None = None) -> RunResult:
     """Simulate the rule on the given arrivals.
 
     ``batch_time_s[b]`` is the mean service time of a batch of ``b``; the k-th batch
     dispatched takes ``batch_time_s[b] * jitter[k]`` (``jitter`` None: no jitter).
-    ``costs``: the batcher's own delays (``service.BatcherCosts``), None for none.
+    ``costs``: the batcher's own delays (``service.BatcherCosts``), None for none; the
+    k-th batch's release deviates from ``costs.release_s`` by ``release_dev_s[k]``
+    (None: by nothing).
     """
     env = _Env()
     rec = RunRecorder(arrival_s, workers)
@@ -69,7 +73,7 @@ def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarra
     max_b = policy.max_batch_size
     release_s = None if costs is None else costs.release_s(np.arange(max_b + 1)).tolist()
     arrivals_list = arrival_s.tolist()
-    free_since = [-math.inf] * workers   # when each worker was last released
+    last_end = [-math.inf] * workers     # when each worker's previous batch ended
 
     def arrivals():
         for i, t in enumerate(arrival_s.tolist()):
@@ -122,10 +126,14 @@ def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarra
             worker = heapq.heappop(free)
             k = rec.n_batches
             service_s = batch_time_s[len(ids)] * (1.0 if jitter is None else jitter[k])
-            end_s = (now + service_s if costs is None else
-                     costs.end_s(now, service_s, arrivals_list, now - free_since[worker]))
+            if costs is None:
+                end_s = free_s = now + service_s
+            else:
+                end_s = costs.end_s(now, service_s, arrivals_list, now - last_end[worker])
+                last_end[worker] = end_s
+                free_s = end_s + max(release_s[len(ids)] + (
+                    0.0 if release_dev_s is None else release_dev_s[k]), 0.0)
             rec.dispatch(ids, now, end_s, worker, why)
-            free_s = end_s if costs is None else end_s + release_s[len(ids)]
             _At(env, free_s).callbacks.append(lambda _e, w=worker: release(w))
 
     def arm(fire_s):
@@ -136,7 +144,6 @@ def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarra
                 lambda _e: token == state["armed"] and ask_for_decision())
 
     def release(worker):
-        free_since[worker] = env.now
         heapq.heappush(free, worker)
         ask_for_decision()
 

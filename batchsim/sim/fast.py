@@ -43,7 +43,8 @@ _BLOCK = 8192
 
 
 def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarray,
-        jitter: np.ndarray | None, workers: int, costs=None, sender=None) -> RunResult:
+        jitter: np.ndarray | None, workers: int, costs=None, sender=None,
+        release_dev_s: np.ndarray | None = None) -> RunResult:
     """Simulate the rule on the given arrivals (same contract as ``des.run``).
 
     ``sender="loop"`` (with ``costs``): ``arrival_s`` are the instants a load generator
@@ -58,7 +59,10 @@ def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarra
     """
     if costs is not None:
         loop = _sender_loop if sender == "loop" else _awake_loop
-        received_s, log, end_s = loop(arrival_s, policy, batch_time_s, jitter, workers, costs)
+        if release_dev_s is None:
+            release_dev_s = np.zeros(arrival_s.size)
+        received_s, log, end_s = loop(arrival_s, policy, batch_time_s, jitter, workers, costs,
+                                      release_dev_s.tolist())
         res = _assemble(received_s, policy, batch_time_s, jitter, workers, log)
         if sender == "loop":
             res.meta["sent_s"] = arrival_s
@@ -280,12 +284,13 @@ class _Loop:
         return fresh
 
 
-def _awake_loop(arrival_s, policy, batch_time_s, jitter, workers, costs):
+def _awake_loop(arrival_s, policy, batch_time_s, jitter, workers, costs, release_dev):
     """The batches when decisions wait for the batcher's event loop to be awake: the log
     and the batches' end times (``costs.end_s``: arrivals during a batch delay it).
 
     The loop wakes ``react`` after every arrival, when the worker is released
-    (``release`` after its batch ends) and when its timer fires. The batch headed by
+    (``release`` after its batch ends, plus the batch's ``release_dev``) and when its
+    timer fires. The batch headed by
     ``h`` is due at the rule's instant ``due`` (the worker free, a trigger met) and
     leaves at the first wake-up at or after it: the first arrival's wake-up, the release
     itself if that comes last, or the timer armed at the last wake-up before ``due`` --
@@ -315,32 +320,33 @@ def _awake_loop(arrival_s, policy, batch_time_s, jitter, workers, costs):
                                               rule.dispatch_time_s(policy, armed_s, a[h])))
         end = bisect_right(a, t, h, min(h + max_b, n))
         service_s = bt[end - h] if jit is None else bt[end - h] * jit[k]
-        ends.append(costs.end_s(t, service_s, a, t - free_s))
-        free_s = ends[-1] + release[end - h]
+        ends.append(costs.end_s(t, service_s, a, t - (ends[-1] if ends else -math.inf)))
+        free_s = ends[-1] + max(release[end - h] + release_dev[k], 0.0)
         log.start_s.append(t)
         log.head.append(h)
         h, k = end, k + 1
     return arrival_s, log, ends
 
 
-def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs):
+def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_dev):
     """Like ``_awake_loop``, but the requests come from a load generator on the batcher's
     event loop (as ``run_load`` sends them): when each reaches the batcher, the log and
     the batches' end times.
 
     The generator sleeps on the loop's timer until its next request is due. The loop,
-    asleep since ``sleep``, wakes at the first of: its timer (``costs.timer_fire_s`` from
-    ``sleep`` to the next request's due instant or, with the worker free and requests
-    waiting, the rule's instant for the head) and the worker's release (``release``
-    after its batch ends; a wake-up after the end and before it takes the release in
-    too). Awake at ``t``, it frees the worker and decides; then, if a request is due, the
-    generator resumes one step later, at ``t + react``, and sends every request due by
-    then -- they reach the batcher at that instant -- and the decision it asks for comes
-    ``react`` later still; then the loop sleeps. Each request that reaches the batcher
-    while a batch runs delays it by ``arrival_ms``, and the first by ``first_arrival_ms``
-    more, as in the other engines: those sent in the turn right after its dispatch too,
-    though they were due before it (the loop sends them before the worker can have the
-    interpreter or, on one core, the core).
+    asleep since ``sleep``, wakes at the first of: its timer (``costs.timer_fire_s``
+    from ``sleep`` to the next request's due instant or, with the worker free and
+    requests waiting, the rule's instant for the head) and the worker's release
+    (``release`` after its batch ends, plus the batch's ``release_dev``; a wake-up after
+    the end and before it takes the release in too). Awake at ``t``, it frees the worker
+    and decides; then, if a request is due, the generator resumes one step later, at
+    ``t + react``, and sends every request due by then -- they reach the batcher at that
+    instant -- and the decision it asks for comes ``react`` later still; then the loop
+    sleeps. Each request that reaches the batcher while a batch runs delays it by
+    ``arrival_ms``, and the first by ``first_arrival_ms`` more, as in the other engines:
+    those sent in the turn right after its dispatch too, though they were due before it
+    (the loop sends them before the worker can have the interpreter or, on one core, the
+    core).
     One worker, nobody turned away.
     """
     if workers > 1 or policy.max_queue_size is not None or policy.timeout_ms is not None:
@@ -354,7 +360,7 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs):
     log = _Loop(received, policy, batch_time_s, jitter, workers)
     ends = []
     sent = h = 0                 # requests sent so far; the first waiting one
-    free_s, sleep_s, close_s = -math.inf, min(0.0, x[0]), math.inf
+    sleep_s, close_s = min(0.0, x[0]), math.inf
     released_s = math.inf        # when the batch in flight releases its worker (none: inf)
     received_by = 0              # the batches started when requests last came mid-batch
 
@@ -367,12 +373,12 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs):
         nonlocal h, released_s
         if released_s < math.inf or h == sent or head_due_s(now_s) > now_s:
             return
-        b = min(sent - h, max_b)
-        service_s = bt[b] if jit is None else bt[b] * jit[len(ends)]
-        ends.append(now_s + service_s + costs.wake_s(now_s - free_s))
+        b, k = min(sent - h, max_b), len(ends)
+        service_s = bt[b] if jit is None else bt[b] * jit[k]
+        ends.append(now_s + service_s + costs.wake_s(now_s - (ends[-1] if k else -math.inf)))
         log.start_s.append(now_s)
         log.head.append(h)
-        h, released_s = h + b, ends[-1] + release[b]
+        h, released_s = h + b, ends[-1] + max(release[b] + release_dev[k], 0.0)
 
     while h < n:
         due_s = x[sent] if sent < n else math.inf
@@ -380,7 +386,7 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs):
             due_s = min(due_s, head_due_s(-math.inf))
         t = max(min(costs.timer_fire_s(sleep_s, due_s), released_s), sleep_s)
         if released_s < math.inf and ends[-1] <= t:
-            free_s, released_s = t, math.inf
+            released_s = math.inf
         decide(t)
         if sent < n and x[sent] <= t:
             t += react
