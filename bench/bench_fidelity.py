@@ -174,14 +174,17 @@ def main() -> None:
                         profile=args.profile, runs=calibration_runs)
     calibrate_s = time.perf_counter() - t0
     costs = service.costs
+    wake_ms = dict(zip(np.round(costs.idle_ms, 3).tolist(), np.round(costs.wake_ms, 3).tolist(),
+                       strict=True))
+    spread_ms = np.round(np.quantile(costs.release_spread_ms or 0.0, (0.1, 0.9)), 3).tolist()
     print(f"calibrated {model.zoo_name} in {calibrate_s:.1f} s (s(b) timed through the "
           f"{service.metadata['profile']}): worker +{service.per_batch_ms:.3f}"
           f" ms/batch +{service.per_item_ms:.4f} ms/request, jitter CV {service.jitter_cv:.2f};"
-          f" react {costs.react_ms:.3f} ms, release {costs.release_ms:.3f} ms, timer "
+          f" react {costs.react_ms:.3f} ms, release {costs.release_ms:.3f} ms (spread "
+          f"{spread_ms} ms, 10th-90th percentile), timer "
           f"{costs.timer_resolution_ms:.2f} ms grid +{costs.timer_latency_ms:.3f} ms, "
           f"{costs.arrival_ms:.4f} ms per arrival (the first {costs.first_arrival_ms:.4f} ms "
-          f"more), wake-up after idle "
-          f"{dict(zip(np.round(costs.idle_ms, 3), np.round(costs.wake_ms, 3), strict=True))}; "
+          f"more), wake-up by the time since the worker's last batch ended (ms) {wake_ms}; "
           f"capacity {service.metadata['capacity_ratio']:.2f}x the measured saturated "
           f"throughput", flush=True)
 

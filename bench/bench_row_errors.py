@@ -1,0 +1,97 @@
+"""Two versions of the simulator on the same real runs: every row's error, then a tally.
+
+When a change alters how the engines read a calibration (as when the wake-up came to
+count from the end of the worker's previous batch), ``bench_refit.py`` cannot compare
+the two models: it simulates the saved calibration with the current engines. This bench
+measures each version with its own code instead. Run it once with each version of
+batchsim on the path: it refits each saved grid's calibration on that grid's Poisson
+calibration runs (``batchsim.calibrate.refit``, the ``s(b)`` and timer kept) and writes
+every row's p50 and p99 error, simulated as ``fidelity`` simulates it. ``--compare``
+then sets two such files side by side: per model, the rows each version brings closer
+at p50 and p99, and the arrival sets whose median |p50 error| falls or rises.
+
+Run: ``PYTHONPATH=<a checkout of the previous commit> .venv/bin/python
+bench/bench_row_errors.py RUNS.pkl.gz ... --out before.json``, the same with this
+checkout into ``after.json``, then ``.venv/bin/python bench/bench_row_errors.py
+--compare before.json after.json --out FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+from bench_fidelity import load_saved_runs, write_report
+
+
+def row_errors(saved: dict) -> dict:
+    """Per arrival set, each row's ``[p50, p99]`` relative error (simulated over real,
+    less 1), with the saved calibration refitted on its Poisson calibration runs."""
+    from batchsim.calibrate import _simulate_schedule, refit
+
+    poisson = [r for r in saved["calibration_runs"] if r.meta["workload"].startswith("Poisson")]
+    service = refit(saved["service"], poisson)
+    errors = {}
+    for name, runs in saved["runs"].items():
+        errors[name] = []
+        for run in runs:
+            real = run["real"]
+            sim = _simulate_schedule(real, run["policy"], service, run["seed"])
+            errors[name].append([float(np.nanpercentile(sim.latency_s, q)
+                                       / np.nanpercentile(real.latency_s, q) - 1)
+                                 for q in (50, 99)])
+    return errors
+
+
+def tally(before: dict, after: dict, model_of=lambda grid: grid) -> dict:
+    """Per model (``model_of`` a grid's name) and over all: rows where ``after`` is
+    closer than ``before`` at p50 and p99, rows where it is further, and the arrival
+    sets whose median |p50 error| falls, rises or stays."""
+    out = {}
+    for grid, sets in before.items():
+        for model in (model_of(grid), "all"):
+            t = out.setdefault(model, {"p50": [0, 0], "p99": [0, 0], "median_p50": [0, 0, 0]})
+            for name, rows in sets.items():
+                a, b = np.abs(np.array(rows)), np.abs(np.array(after[grid][name]))
+                for j, metric in enumerate(("p50", "p99")):
+                    t[metric][0] += int((b[:, j] < a[:, j]).sum())
+                    t[metric][1] += int((b[:, j] > a[:, j]).sum())
+                m_a, m_b = np.median(a[:, 0]), np.median(b[:, 0])
+                t["median_p50"][0 if m_b < m_a else 1 if m_b > m_a else 2] += 1
+    return out
+
+
+def model_of(grid: str) -> str:
+    """The zoo model a grid's file is named after (``..._mlp``, ``..._cnn``, ...)."""
+    return next((m for m in ("encoder", "cnn", "mlp") if m in grid), grid)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="*", help="bench_fidelity.py --save-runs pickles (gzipped)")
+    p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
+                   help="two files this bench wrote: tally them instead")
+    p.add_argument("--out", default=None, help="also write the result as JSON")
+    args = p.parse_args()
+    if args.compare:
+        import json
+
+        before, after = (json.loads(Path(f).read_text()) for f in args.compare)
+        report = {"before": before, "after": after, "tally": tally(before, after, model_of)}
+        for model, t in report["tally"].items():
+            print(f"{model:>8}: rows closer / further p50 {t['p50'][0]} / {t['p50'][1]}, "
+                  f"p99 {t['p99'][0]} / {t['p99'][1]}; median |p50| fell / rose / stayed "
+                  f"in {' / '.join(map(str, t['median_p50']))} sets")
+    else:
+        report = {Path(f).name.removesuffix(".pkl.gz"): row_errors(load_saved_runs(f))
+                  for f in args.runs}
+        for grid, sets in report.items():
+            print(grid + ": " + ", ".join(
+                f"{name} median |p50| {np.median(np.abs(np.array(rows)[:, 0])):.1%}"
+                for name, rows in sets.items()), flush=True)
+    write_report(report, args.out)
+
+
+if __name__ == "__main__":
+    main()

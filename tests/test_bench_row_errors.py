@@ -1,0 +1,63 @@
+"""``bench/bench_row_errors.py``: every row's error under one version, and a tally of two."""
+
+import gzip
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_bench_refit import saved_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_row_errors import model_of, row_errors, tally  # noqa: E402  (a script)
+
+
+def poisson_saved_runs() -> dict:
+    """``saved_runs``, its calibration runs labelled as the Poisson runs they stand for."""
+    saved = saved_runs()
+    for res in saved["calibration_runs"]:
+        res.meta["workload"] = "Poisson(rate_rps=...)"
+    return saved
+
+
+def test_rows_made_by_the_batcher_the_refit_finds_come_out_exact():
+    """The "real" rows were simulated with every cost the refit gets back: the median row's
+    errors are nil (a near-tie may send one row's requests to other batches)."""
+    errors = np.array(row_errors(poisson_saved_runs())["poisson"])
+    assert errors.shape == (4, 2)
+    assert np.median(np.abs(errors), axis=0) == pytest.approx([0, 0], abs=1e-12)
+
+
+def test_the_tally_counts_rows_and_sets_per_model():
+    before = {"grid_mlp": {"a": [[0.1, 0.2], [-0.3, 0.1], [0.05, 0.0]]},
+              "grid_cnn": {"a": [[0.1, 0.1]], "b": [[0.2, 0.2]]}}
+    after = {"grid_mlp": {"a": [[0.05, 0.3], [0.3, 0.05], [-0.01, 0.0]]},
+             "grid_cnn": {"a": [[0.2, 0.1]], "b": [[-0.1, 0.3]]}}
+    t = tally(before, after, model_of)
+    # MLP: |p50| 0.1 -> 0.05 closer, 0.3 -> 0.3 neither, 0.05 -> 0.01 closer; |p99| one
+    # further (0.2 -> 0.3), one closer, one equal; median |p50| 0.1 -> 0.05: it fell.
+    assert t["mlp"] == {"p50": [2, 0], "p99": [1, 1], "median_p50": [1, 0, 0]}
+    # CNN: set a further at p50 (its median rose), set b closer (fell) and further at p99.
+    assert t["cnn"] == {"p50": [1, 1], "p99": [0, 1], "median_p50": [1, 1, 0]}
+    assert t["all"] == {"p50": [3, 1], "p99": [1, 2], "median_p50": [2, 1, 0]}
+    assert model_of("grid_F_encoder") == "encoder" and model_of("other") == "other"
+
+
+def test_script_writes_the_rows_then_compares_two_files(tmp_path):
+    runs = tmp_path / "grid_mlp.pkl.gz"
+    runs.write_bytes(gzip.compress(pickle.dumps(poisson_saved_runs())))
+    rows, report = tmp_path / "rows.json", tmp_path / "tally.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "bench/bench_row_errors.py", str(runs), "--out", str(rows)],
+                   cwd=ROOT, check=True, capture_output=True, timeout=120, env=env)
+    assert list(json.loads(rows.read_text())) == ["grid_mlp"]
+    done = subprocess.run([sys.executable, "bench/bench_row_errors.py", "--compare", str(rows),
+                           str(rows), "--out", str(report)], cwd=ROOT, check=True,
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert "rows closer / further p50 0 / 0" in done.stdout
+    assert json.loads(report.read_text())["tally"]["mlp"]["median_p50"] == [0, 0, 1]
