@@ -9,7 +9,9 @@ prints per arrival set the median absolute error of p50, p99 and throughput, and
 signed median p50 error, of each against the same real runs, and in how many rows the
 refit comes closer. A change to the model of the batcher's costs then shows on runs
 already made -- a GPU machine's too -- rather than on new runs, whose machine has
-drifted since.
+drifted since. The saved calibration is simulated by the current engines: after a change
+in how they read a cost (the wake-up's ``idle_ms`` came to count from the end of the
+worker's previous batch), compare the two versions with ``bench_row_errors.py`` instead.
 
 Run: ``.venv/bin/python bench/bench_refit.py RUNS.pkl.gz`` (``--out FILE`` writes JSON).
 """
