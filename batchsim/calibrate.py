@@ -183,13 +183,15 @@ def _fitted(s_b: ServiceModel, measured: list, timer: BatcherCosts,
     release_fixed_ms, release_item_ms = _nonnegative_fit(sizes, gaps_ms)
     release = BatcherCosts(release_ms=release_fixed_ms, release_per_item_ms=release_item_ms)
     deviation_ms = gaps_ms - 1e3 * release.release_s(sizes[:, 0])
+    # No batch followed another that was due (a short run at light load): no spread.
+    spread_ms = (tuple(np.quantile(deviation_ms[_within(deviation_ms)],
+                                   np.linspace(0, 1, N_QUANTILES)))
+                 if deviation_ms.size else ())
     worker = _worker_fit(measured, s_b)
     costs = BatcherCosts(_react_ms(measured, release), release_fixed_ms, release_item_ms,
                          timer.timer_resolution_ms, timer.timer_latency_ms,
                          worker["arrival_ms"], worker["idle_ms"], worker["wake_ms"],
-                         worker["first_arrival_ms"], release_spread_ms=tuple(np.quantile(
-                             deviation_ms[_within(deviation_ms)],
-                             np.linspace(0, 1, N_QUANTILES))))
+                         worker["first_arrival_ms"], release_spread_ms=spread_ms)
     metadata = {**metadata, "batches": worker["batches"],
                 "stalled_batches": worker["stalled_batches"],
                 "stall_ms_per_s": worker["stall_ms_per_s"]}

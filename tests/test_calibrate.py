@@ -476,6 +476,17 @@ def test_a_refit_recovers_the_spread_of_the_release():
         assert q == pytest.approx(0.02 * p - 0.01, abs=4 * se_ms), p
 
 
+def test_runs_without_a_batch_due_at_the_last_ones_end_fit_no_release_spread():
+    """One request every 5 ms, each served long before the next arrives: no release is
+    ever seen, so none is fitted and there is no spread to draw."""
+    svc = costly_service(idle_ms=(), wake_ms=(), release_spread_ms=(-0.01, 0.01))
+    runs = [bs.simulate(bs.Constant(200.0), bs.BatchPolicy(8, 0.0), svc, n_requests=60,
+                        seed=k) for k in range(2)]
+    assert _releases(runs)[1].size == 0
+    fit = refit(svc, runs).costs
+    assert fit.release_spread_ms == () and fit.release_ms == 0.0
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workload=workloads, costs=costs_st, max_b=st.integers(1, 12),
        max_wait_ms=st.sampled_from([0.0, 0.5, 2.5, math.inf]), n=st.integers(1, 200),
