@@ -56,7 +56,7 @@ from ._aio import run_to_completion
 from ._gc import collector_paused
 from .policy import BatchPolicy
 from .result import COMPLETED, RunResult
-from .service import BatcherCosts, CalibratedService, ServiceModel
+from .service import BatcherCosts, CalibratedService, ServiceModel, quantile_at
 from .workload import Poisson, Trace, Workload
 
 #: Quantiles of the measured worker-time ratio kept in a calibrated model.
@@ -412,7 +412,7 @@ def worker_time_ratio(service: CalibratedService, res: RunResult) -> float:
 def _spread_median(service: CalibratedService) -> float:
     """The median of ``service``'s spread of batch times (1 without one)."""
     q = np.asarray(service.jitter_quantiles)
-    return float(np.interp(0.5, np.linspace(0, 1, q.size), q)) if q.size else 1.0
+    return float(quantile_at(q, 0.5)) if q.size else 1.0
 
 
 def at_speed(service: CalibratedService, ratio: float) -> CalibratedService:

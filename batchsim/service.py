@@ -220,7 +220,7 @@ class BatcherCosts:
         spread = np.asarray(self.release_spread_ms)
         if not spread.size:
             return np.zeros(n)
-        return np.interp(rng.random(n), np.linspace(0.0, 1.0, spread.size), spread) / 1e3
+        return quantile_at(spread, rng.random(n)) / 1e3
 
     def wake_s(self, idle_s: float) -> float:
         """Extra time of a batch whose worker sat idle ``idle_s`` before it (``wake_ms``)."""
@@ -342,7 +342,7 @@ class CalibratedService(ServiceModel):
         q = np.asarray(self.jitter_quantiles)
         if not q.size:
             return None
-        return np.interp(rng.random(n), np.linspace(0.0, 1.0, q.size), q / self.jitter_mean)
+        return quantile_at(q / self.jitter_mean, rng.random(n))
 
     def capacity_rps(self, max_batch_size: int, workers: int = 1) -> float:
         """Saturation throughput of full batches, the batcher's costs included.
@@ -360,8 +360,8 @@ class CalibratedService(ServiceModel):
         # The release's distribution, by the midpoints of 1000 equal slices of probability.
         spread = np.asarray(costs.release_spread_ms or (0.0, 0.0))
         slices = (np.arange(_SLICES) + 0.5) / _SLICES
-        releases_s = np.maximum(float(costs.release_s(b)) + np.interp(
-            slices, np.linspace(0.0, 1.0, spread.size), spread) / 1e3, 0.0)
+        releases_s = np.maximum(float(costs.release_s(b)) + quantile_at(spread, slices) / 1e3,
+                                0.0)
         r = float(releases_s.mean())
         # Back to back: the worker went without a batch for its release; and every
         # batch receives requests, the first costlier.
@@ -381,6 +381,14 @@ class CalibratedService(ServiceModel):
 
 #: Slices of probability over which ``capacity_rps`` averages the release.
 _SLICES = 1000
+
+
+def quantile_at(q, p):
+    """The value at probability ``p`` of a distribution given by quantiles ``q`` at evenly
+    spaced probabilities from 0 to 1 (piecewise linear between them), as the spreads of
+    a calibration are kept."""
+    q = np.asarray(q, float)
+    return np.interp(p, np.linspace(0.0, 1.0, q.size), q)
 
 
 def _quantile_moment(q: np.ndarray, power: int) -> float:
