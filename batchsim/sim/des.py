@@ -72,6 +72,7 @@ def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarra
     state = {"closed": False, "deciding": False, "timer_s": math.nan, "armed": 0}
     max_b = policy.max_batch_size
     release_s = None if costs is None else costs.release_s(np.arange(max_b + 1)).tolist()
+    release_dev = (np.zeros(arrival_s.size) if release_dev_s is None else release_dev_s).tolist()
     arrivals_list = arrival_s.tolist()
     last_end = [-math.inf] * workers     # when each worker's previous batch ended
 
@@ -131,8 +132,7 @@ def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarra
             else:
                 end_s = costs.end_s(now, service_s, arrivals_list, now - last_end[worker])
                 last_end[worker] = end_s
-                free_s = end_s + max(release_s[len(ids)] + (
-                    0.0 if release_dev_s is None else release_dev_s[k]), 0.0)
+                free_s = end_s + max(release_s[len(ids)] + release_dev[k], 0.0)
             rec.dispatch(ids, now, end_s, worker, why)
             _At(env, free_s).callbacks.append(lambda _e, w=worker: release(w))
 
