@@ -23,24 +23,22 @@ from pathlib import Path
 
 import numpy as np
 from bench_fidelity import load_saved_runs, write_report
+from bench_refit import row_errors as refit_row_errors
 
 
 def row_errors(saved: dict) -> dict:
     """Per arrival set, each row's ``[p50, p99]`` relative error (simulated over real,
-    less 1), with the saved calibration refitted on its Poisson calibration runs."""
-    from batchsim.calibrate import _simulate_schedule, refit
+    less 1, as ``bench_refit.row_errors`` measures it), with the saved calibration
+    refitted on its Poisson calibration runs."""
+    from batchsim.calibrate import refit
 
     poisson = [r for r in saved["calibration_runs"] if r.meta["workload"].startswith("Poisson")]
     service = refit(saved["service"], poisson)
     errors = {}
     for name, runs in saved["runs"].items():
-        errors[name] = []
-        for run in runs:
-            real = run["real"]
-            sim = _simulate_schedule(real, run["policy"], service, run["seed"])
-            errors[name].append([float(np.nanpercentile(sim.latency_s, q)
-                                       / np.nanpercentile(real.latency_s, q) - 1)
-                                 for q in (50, 99)])
+        e = refit_row_errors(service, runs)
+        errors[name] = [list(pair) for pair in zip(e["latency_ms_p50"], e["latency_ms_p99"],
+                                                   strict=True)]
     return errors
 
 
