@@ -119,22 +119,28 @@ class ProfileService(ServiceModel):
         return hash((self.batch_sizes, self.times_ms, self.jitter_cv))
 
     def mean_ms(self, batch_size):
-        b = np.asarray(batch_size, dtype=float)
-        sizes, times = np.asarray(self.batch_sizes, float), np.asarray(self.times_ms, float)
-        if sizes.size == 1:
-            return np.full_like(b, times[0])
-        inside = np.interp(b, sizes, times)
-        lo_slope = (times[1] - times[0]) / (sizes[1] - sizes[0])
-        hi_slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
-        below = times[0] + lo_slope * (b - sizes[0])
-        above = times[-1] + hi_slope * (b - sizes[-1])
-        out = np.where(b < sizes[0], below, np.where(b > sizes[-1], above, inside))
-        return np.maximum(out, min(times) * 1e-3)
+        out = _piecewise_linear(batch_size, self.batch_sizes, self.times_ms)
+        return np.maximum(out, min(self.times_ms) * 1e-3)
 
     def to_dict(self) -> dict:
         return {"kind": "profile", "batch_sizes": list(self.batch_sizes),
                 "times_ms": list(self.times_ms), "jitter_cv": self.jitter_cv,
                 "metadata": self.metadata}
+
+
+def _piecewise_linear(x, xs, ys) -> np.ndarray:
+    """The table ``ys`` over ``xs`` at ``x``: interpolated linearly, extrapolated along
+    its first and last segments (constant with one point)."""
+    x, xs, ys = np.asarray(x, float), np.asarray(xs, float), np.asarray(ys, float)
+    if xs.size == 1:
+        return np.full_like(x, ys[0])
+    below = ys[0] + (ys[1] - ys[0]) / (xs[1] - xs[0]) * (x - xs[0])
+    above = ys[-1] + (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) * (x - xs[-1])
+    return np.where(x < xs[0], below, np.where(x > xs[-1], above, np.interp(x, xs, ys)))
+
+
+#: ``BatcherCosts`` fields that are tables, checked on their own.
+_TABLES = ("idle_ms", "wake_ms", "release_spread_ms", "release_sizes", "release_table_ms")
 
 
 @dataclass(frozen=True)
@@ -146,7 +152,12 @@ class BatcherCosts:
     that submitted it yields), when a worker is released, and when a timer fires. A
     worker stays busy ``release_ms + release_per_item_ms * b`` after its batch's requests
     finish, on average (its results are handed back on the loop before it may take the
-    next batch), and each batch's release deviates from that by a draw from
+    next batch), or, measured, a table over batch sizes (``release_sizes``,
+    ``release_table_ms``; linear in the size between and beyond its points, as a
+    profile's ``s(b)``, and never below 0): on one CPU the tiny CNN's release took 32 us
+    after a batch of one, 48 us after two and 88 us after 52, the encoder's 66 us after
+    26 and 45 us after 64, which no line follows (``bench/results/README.md``). Each
+    batch's release deviates from that by a draw from
     ``release_spread_ms`` (quantiles at evenly spaced probabilities from 0 to 1; empty:
     none): on one CPU a tenth of the tiny MLP's releases took about 10 us and half over
     24 us, and the batch after follows (below).
@@ -183,27 +194,40 @@ class BatcherCosts:
     wake_ms: tuple = ()
     first_arrival_ms: float = 0.0
     release_spread_ms: tuple = ()
+    release_sizes: tuple = ()
+    release_table_ms: tuple = ()
 
     def __post_init__(self):
         for name in self.__dataclass_fields__:
-            if name not in ("idle_ms", "wake_ms", "release_spread_ms"):
+            if name not in _TABLES:
                 object.__setattr__(self, name, _check.non_negative(name, getattr(self, name)))
+        self._set_table("release_sizes", "release_table_ms")
+        if self.release_sizes and (self.release_ms or self.release_per_item_ms):
+            raise ValueError(f"give the release as a line (release_ms={self.release_ms}, "
+                             f"release_per_item_ms={self.release_per_item_ms}) or as a "
+                             f"table (release_sizes, release_table_ms), not both")
         spread = np.asarray(self.release_spread_ms, float)
         if spread.size and (spread.size < 2 or not np.all(np.isfinite(spread))
                             or np.any(np.diff(spread) < 0)):
             raise ValueError(f"release_spread_ms must be at least two finite, non-decreasing "
                              f"numbers, got {self.release_spread_ms!r}")
         object.__setattr__(self, "release_spread_ms", tuple(spread.tolist()))
-        idle = tuple(_check.positive("idle_ms", x) for x in np.asarray(self.idle_ms).tolist())
-        wake = tuple(_check.non_negative("wake_ms", x)
-                     for x in np.asarray(self.wake_ms, float).tolist())
-        if len(idle) != len(wake):
-            raise ValueError(f"wake_ms must have one entry per idle_ms: {len(idle)} idle "
-                             f"times, got {len(wake)}")
-        if any(b <= a for a, b in zip(idle, idle[1:], strict=False)):
-            raise ValueError(f"idle_ms must be strictly increasing, got {idle}")
-        object.__setattr__(self, "idle_ms", idle)
-        object.__setattr__(self, "wake_ms", wake)
+        self._set_table("idle_ms", "wake_ms")
+
+    def _set_table(self, x_name: str, y_name: str) -> None:
+        """Check a table (``x_name``: positive, strictly increasing; ``y_name``: one
+        non-negative value per point) and keep it as tuples of floats."""
+        x = tuple(_check.positive(x_name, v)
+                  for v in np.asarray(getattr(self, x_name), float).tolist())
+        y = tuple(_check.non_negative(y_name, v)
+                  for v in np.asarray(getattr(self, y_name), float).tolist())
+        if len(x) != len(y):
+            raise ValueError(f"{y_name} must have one entry per {x_name}: {len(x)} points, "
+                             f"got {len(y)}")
+        if any(b <= a for a, b in zip(x, x[1:], strict=False)):
+            raise ValueError(f"{x_name} must be strictly increasing, got {x}")
+        object.__setattr__(self, x_name, x)
+        object.__setattr__(self, y_name, y)
 
     @property
     def react_s(self) -> float:
@@ -212,6 +236,9 @@ class BatcherCosts:
     def release_s(self, batch_size):
         """How long a worker stays busy after its batch of ``batch_size`` finished, on
         average."""
+        if self.release_sizes:
+            return np.maximum(_piecewise_linear(batch_size, self.release_sizes,
+                                                self.release_table_ms), 0.0) / 1e3
         return (self.release_ms + self.release_per_item_ms * np.asarray(batch_size, float)) / 1e3
 
     def release_deviations_s(self, rng: np.random.Generator, n: int) -> np.ndarray:

@@ -176,11 +176,13 @@ def main() -> None:
     costs = service.costs
     wake_ms = dict(zip(np.round(costs.idle_ms, 3).tolist(), np.round(costs.wake_ms, 3).tolist(),
                        strict=True))
+    release_ms = dict(zip(np.round(costs.release_sizes, 1).tolist(),
+                          np.round(costs.release_table_ms, 3).tolist(), strict=True))
     spread_ms = np.round(np.quantile(costs.release_spread_ms or 0.0, (0.1, 0.9)), 3).tolist()
     print(f"calibrated {model.zoo_name} in {calibrate_s:.1f} s (s(b) timed through the "
           f"{service.metadata['profile']}): worker +{service.per_batch_ms:.3f}"
           f" ms/batch +{service.per_item_ms:.4f} ms/request, jitter CV {service.jitter_cv:.2f};"
-          f" react {costs.react_ms:.3f} ms, release {costs.release_ms:.3f} ms (spread "
+          f" react {costs.react_ms:.3f} ms, release by batch size (ms) {release_ms} (spread "
           f"{spread_ms} ms, 10th-90th percentile), timer "
           f"{costs.timer_resolution_ms:.2f} ms grid +{costs.timer_latency_ms:.3f} ms, "
           f"{costs.arrival_ms:.4f} ms per arrival (the first {costs.first_arrival_ms:.4f} ms "

@@ -47,10 +47,23 @@ MS = 1e-3
     ({"release_spread_ms": (0.1,)}, "release_spread_ms"),
     ({"release_spread_ms": (0.1, -0.1)}, "release_spread_ms"),
     ({"release_spread_ms": (0.0, math.nan)}, "release_spread_ms"),
+    ({"release_sizes": (1.0, 4.0), "release_table_ms": (0.1,)}, "one entry per release_sizes"),
+    ({"release_sizes": (4.0, 1.0), "release_table_ms": (0.1, 0.2)}, "strictly increasing"),
+    ({"release_sizes": (0.0,), "release_table_ms": (0.1,)}, "release_sizes"),
+    ({"release_sizes": (1.0,), "release_table_ms": (-0.1,)}, "release_table_ms"),
+    ({"release_ms": 0.1, "release_sizes": (1.0,), "release_table_ms": (0.1,)}, "not both"),
 ])
 def test_batcher_costs_refuse_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         BatcherCosts(**kwargs)
+
+
+def test_a_release_table_is_linear_in_the_batch_size_within_and_beyond_its_points():
+    costs = BatcherCosts(release_sizes=(2.0, 4.0, 52.0), release_table_ms=(0.048, 0.040, 0.088))
+    np.testing.assert_allclose(costs.release_s([1, 2, 3, 28, 52, 64]) * 1e3,
+                               [0.052, 0.048, 0.044, 0.064, 0.088, 0.100])
+    falling = BatcherCosts(release_sizes=(1.0, 2.0), release_table_ms=(0.01, 0.005))
+    assert falling.release_s(4) == 0.0
 
 
 def test_timer_fires_on_the_grid_counted_from_when_the_loop_slept():
@@ -426,8 +439,9 @@ def test_the_first_request_received_during_a_batch_costs_it_once():
 def test_a_refit_recovers_the_costs_that_simulated_runs_were_made_with(sender):
     """Runs simulated without a spread hold each batch's typical time exactly: fitted
     again on them, a calibration that knew nothing of the batcher gets back its costs
-    per batch, per request, per arrival and for the first arrival, the release and the
-    reaction, and finds no wake-up after idle; ``s(b)`` and the timer stay its own."""
+    per batch, per request, per arrival and for the first arrival, the release at each
+    size of its table and the reaction, and finds no wake-up after idle; ``s(b)`` and
+    the timer stay its own."""
     svc = costly_service(idle_ms=(), wake_ms=())
     costs = svc.costs
     runs = [bs.simulate(bs.Poisson(load * svc.capacity_rps(8)), bs.BatchPolicy(8, wait_ms),
@@ -440,9 +454,12 @@ def test_a_refit_recovers_the_costs_that_simulated_runs_were_made_with(sender):
     assert fit.per_batch_ms == pytest.approx(0.1, rel=1e-9)
     assert fit.per_item_ms == pytest.approx(0.01, rel=1e-9)
     c = fit.costs
-    for name in ("react_ms", "release_ms", "release_per_item_ms", "timer_resolution_ms",
-                 "timer_latency_ms", "arrival_ms", "first_arrival_ms"):
+    for name in ("react_ms", "timer_resolution_ms", "timer_latency_ms", "arrival_ms",
+                 "first_arrival_ms"):
         assert getattr(c, name) == pytest.approx(getattr(costs, name), rel=1e-9), name
+    assert len(c.release_sizes) >= 3
+    np.testing.assert_allclose(c.release_s(c.release_sizes), costs.release_s(c.release_sizes),
+                               rtol=1e-9)
     assert c.wake_ms == pytest.approx([0.0] * len(c.wake_ms), abs=1e-9)
     assert c.release_spread_ms == pytest.approx([0.0] * len(c.release_spread_ms), abs=1e-9)
     assert fit.jitter_quantiles == pytest.approx([1.0] * len(fit.jitter_quantiles))
@@ -453,26 +470,32 @@ def test_a_refit_recovers_the_costs_that_simulated_runs_were_made_with(sender):
 
 
 def test_a_refit_recovers_the_spread_of_the_release():
-    """Releases drawn uniformly 10 us either side of their line: fitted again, the line
-    and the spread's quantiles come back within four standard errors (a quantile's:
-    ``sqrt(p (1 - p) / n)`` over the density, 50 per ms)."""
+    """Releases drawn uniformly 10 us either side of their line: fitted again, the
+    table's medians and the spread's quantiles come back within four standard errors (a
+    quantile's: ``sqrt(p (1 - p) / n)`` over the density, 50 per ms), give or take how
+    far the line moves within a table entry's sizes."""
     svc = costly_service(idle_ms=(), wake_ms=(), release_spread_ms=(-0.01, 0.01))
     runs = [bs.simulate(bs.Poisson(load * svc.capacity_rps(8)), bs.BatchPolicy(8, 0.0),
                         svc, n_requests=3000, seed=k, sender="loop")
             for k, load in enumerate((0.4, 0.7, 0.9))]
     fit = refit(svc, runs).costs
-    sizes = _releases(runs)[0][:, 0]
+    sizes = _releases(runs)[0]
     n = sizes.size
-    assert n > 1000
-    # Least squares on the releases (sd 0.01 / sqrt(3) ms): the intercept's standard
-    # error, the largest of the line's over the sizes (at b = 0).
-    line_se_ms = 0.01 / math.sqrt(3) * math.sqrt(1 / n + sizes.mean() ** 2
-                                                 / ((sizes - sizes.mean()) ** 2).sum())
-    assert fit.release_ms == pytest.approx(0.03, abs=4 * line_se_ms)
+    assert n > 1000 and len(fit.release_sizes) >= 3
+    # Each entry: the median of its batches' releases (sizes nearest one of 1, 2, 4, 8),
+    # over which the line moves by 1 us per request.
+    nearest = np.array([1, 2, 4, 8])[np.argmin(np.abs(np.log(sizes)[:, None]
+                                                      - np.log([1, 2, 4, 8])), axis=1)]
+    worst_se_ms = 0.0
+    for at, release_ms in zip(fit.release_sizes, fit.release_table_ms, strict=True):
+        mine = sizes[nearest == nearest[np.argmin(np.abs(sizes - at))]]
+        se_ms = math.sqrt(0.25 / mine.size) / 50 + 0.001 * np.ptp(mine) / 2
+        worst_se_ms = max(worst_se_ms, se_ms)
+        assert release_ms == pytest.approx(0.03 + 0.001 * at, abs=4 * se_ms), at
     quantiles = np.interp((0.1, 0.5, 0.9), np.linspace(0, 1, len(fit.release_spread_ms)),
                           fit.release_spread_ms)
     for p, q in zip((0.1, 0.5, 0.9), quantiles, strict=True):
-        se_ms = math.sqrt(p * (1 - p) / n) / 50 + line_se_ms
+        se_ms = math.sqrt(p * (1 - p) / n) / 50 + worst_se_ms
         assert q == pytest.approx(0.02 * p - 0.01, abs=4 * se_ms), p
 
 
@@ -484,7 +507,8 @@ def test_runs_without_a_batch_due_at_the_last_ones_end_fit_no_release_spread():
                         seed=k) for k in range(2)]
     assert _releases(runs)[1].size == 0
     fit = refit(svc, runs).costs
-    assert fit.release_spread_ms == () and fit.release_ms == 0.0
+    assert fit.release_spread_ms == () and fit.release_sizes == ()
+    assert fit.release_s(8) == 0.0
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
