@@ -20,6 +20,7 @@ from batchsim.calibrate import (
     CALIBRATION_LOADS,
     CAPACITY_TOLERANCE,
     WARM_BATCHES,
+    _release_table,
     _releases,
     at_speed,
     batch_residuals,
@@ -497,6 +498,38 @@ def test_a_refit_recovers_the_spread_of_the_release():
     for p, q in zip((0.1, 0.5, 0.9), quantiles, strict=True):
         se_ms = math.sqrt(p * (1 - p) / n) / 50 + worst_se_ms
         assert q == pytest.approx(0.02 * p - 0.01, abs=4 * se_ms), p
+
+
+def test_releases_leave_out_those_the_loop_took_in_awake_for_a_send():
+    """One request a batch, each batch due before the last one ended; releases of 30,
+    20 and 40 us. A request reaches the batcher 5 us after the third batch starts,
+    within a 10 us reaction: the loop was awake for that send when it took the second
+    release in, so with the reaction given that release is left out."""
+    arrival_ms = [0.0, 0.05, 0.06, 2.025]
+    batches_ms = [(0.0, 1.0), (1.03, 2.0), (2.02, 3.0), (3.04, 4.0)]
+    rec = RunRecorder(np.array(arrival_ms) * MS, 1)
+    for i, (start_ms, end_ms) in enumerate(batches_ms):
+        rec.dispatch([i], start_ms * MS, end_ms * MS, 0, bs.policy.SIZE)
+    res = rec.result()
+    res.meta["policy"] = bs.BatchPolicy(1, 0.0)
+    sizes, gaps_ms = _releases([res])
+    np.testing.assert_array_equal(sizes, [1, 1, 1])
+    np.testing.assert_allclose(gaps_ms, [0.03, 0.02, 0.04])
+    sizes, gaps_ms = _releases([res], react_ms=0.01)
+    np.testing.assert_allclose(gaps_ms, [0.03, 0.04])
+    assert _releases([res], react_ms=0.004)[1].size == 3   # 5 us after: not within 4
+
+
+def test_the_release_table_takes_medians_near_the_profile_sizes_and_merges_sparse_ones():
+    """Thirty releases of 20 us after batches of one and thirty of 30 us after batches of
+    four; five of 50 us after batches of two are too few for an entry of their own and
+    join the next size up, whose median they do not move."""
+    sizes = np.array([1] * 30 + [2] * 5 + [4] * 30)
+    gaps_ms = np.array([0.02] * 30 + [0.05] * 5 + [0.03] * 30)
+    table = _release_table(sizes, gaps_ms)
+    assert table["release_sizes"] == (1.0, 4.0)
+    assert table["release_table_ms"] == pytest.approx((0.02, 0.03))
+    assert _release_table(np.array([], int), np.array([])) == {}
 
 
 def test_runs_without_a_batch_due_at_the_last_ones_end_fit_no_release_spread():
