@@ -387,7 +387,11 @@ def batch_residuals(service: CalibratedService, res: RunResult):
     recorded when each batch's worker picked it up (``meta["batch_phases_s"]``, the real
     batcher), ``pickup_ms`` is the time from its dispatch to then and
     ``received_after_pickup`` the part of ``received`` that came later, while the model
-    ran (NaN otherwise): which of the two the loop's work for a request delays.
+    ran (NaN otherwise): which of the two the loop's work for a request delays. Where the
+    run recorded its load generator's turns (``meta["turn_sizes"]``: ``run_load``, and
+    ``simulate(..., sender="loop")``), ``turns`` is how many of them brought the requests
+    it received (NaN otherwise): at the same count of requests, each further turn costs
+    a batch more (``bench/results/README.md``).
     """
     import pandas as pd
 
@@ -406,13 +410,20 @@ def batch_residuals(service: CalibratedService, res: RunResult):
                 else np.full(b.size, np.nan))
     after = (np.searchsorted(res.arrival_s, res.end_s[keep], "left")
              - np.searchsorted(res.arrival_s, np.maximum(picked_s, start_s), "right"))
+    turns = np.full(b.size, np.nan)
+    if "turn_sizes" in res.meta:
+        turn_of = np.repeat(np.arange(res.meta["turn_sizes"].size), res.meta["turn_sizes"])
+        first = np.searchsorted(res.arrival_s, start_s, "right")
+        turns = np.where(during > 0, turn_of[np.maximum(first + during - 1, 0)]
+                         - turn_of[np.minimum(first, turn_of.size - 1)] + 1, 0)
     return pd.DataFrame({"start_s": start_s, "size": b,
                          "trigger": np.array(TRIGGER_NAMES)[res.trigger[keep]],
                          "idle_ms": idle, "received": during, "worker_ms": worker_ms,
                          "typical_ms": typical_ms, "ratio": worker_ms / typical_ms,
                          "pickup_ms": 1e3 * (picked_s - start_s),
                          "received_after_pickup": np.where(np.isnan(picked_s), np.nan,
-                                                           np.maximum(after, 0))})
+                                                           np.maximum(after, 0)),
+                         "turns": turns})
 
 
 def worker_time_ratio(service: CalibratedService, res: RunResult) -> float:

@@ -16,6 +16,9 @@ runs, then each arrival set), by:
   the dispatch to then and the share of the received requests that came after it, while
   the model ran (on one CPU the event loop sends what fell due before the worker gets
   the core: the requests delay the batch's start, not its model);
+* those requests and the load generator's turns that brought them, where the run
+  recorded its turns (``run_load`` does): at the same count of requests, what each
+  further turn costs;
 
 and, per arrival set, how fast each row ran: the rows' medians (5th-95th percentile),
 the correlation of consecutive rows' medians (a drifting machine: high; a speed of each
@@ -37,6 +40,8 @@ from bench_fidelity import load_saved_runs, write_report
 #: Bin edges (lower ends) of batch size and of the requests received during a batch.
 SIZE_EDGES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 RECEIVED_EDGES = (0, 1, 2, 4, 16, 64)
+#: Bin edges (lower ends) of the load generator's turns during a batch.
+TURN_EDGES = (0, 1, 2, 3)
 
 
 def label_bins(values, edges):
@@ -79,6 +84,8 @@ def batches(service, runs) -> object:
     table["size_bin"] = label_bins(table["size"], SIZE_EDGES)
     table["idle_bin"] = idle_bins(table["idle_ms"])
     table["received_bin"] = label_bins(table["received"], RECEIVED_EDGES)
+    if table["turns"].notna().all():
+        table["turns_bin"] = label_bins(table["turns"], TURN_EDGES)
     return table
 
 
@@ -99,6 +106,12 @@ def by_group(table) -> dict:
             median_pickup_ms=float(part["pickup_ms"].median()),
             after_pickup_share=(float(part["received_after_pickup"].sum(min_count=1)
                                       / received) if received else float("nan")))
+    if "turns_bin" in table:
+        out["received_turns"] = {
+            f"{r} in {t} turns": {"batches": len(part),
+                                  "median_ratio": float(part["ratio"].median())}
+            for (r, t), part in table.groupby(["received_bin", "turns_bin"], sort=True,
+                                              observed=True)}
     return out
 
 

@@ -66,6 +66,22 @@ def test_every_group_reads_the_speed_its_rows_ran_at():
     np.testing.assert_allclose(again["median_ratio"], np.array(SPEEDS) / 1.25, rtol=1e-9)
 
 
+def test_runs_with_the_generators_turns_group_by_requests_and_turns():
+    """A sender on the loop records its turns: every batch falls in one group of
+    requests received x turns, each reading the calibration's own speed."""
+    svc = costly_service()
+    policy = bs.BatchPolicy(8, 0.0)
+    runs = [bs.simulate(bs.Poisson(0.8 * svc.capacity_rps(8)), policy, svc,
+                        n_requests=1500, seed=k, sender="loop") for k in range(2)]
+    saved = {"service": svc, "calibration_runs": runs, "runs": {}}
+    cells = analyze(saved)["calibration_runs"]["received_turns"]
+    assert sum(c["batches"] for c in cells.values()) == sum(r.n_batches - 2 for r in runs)
+    assert "0 in 0 turns" in cells and any(k.endswith("in 2 turns") for k in cells)
+    for cell in cells.values():
+        assert cell["median_ratio"] == pytest.approx(1.0, rel=1e-9)
+    assert "received_turns" not in analyze(saved_runs())["poisson"]
+
+
 def test_bins_are_named_by_their_ends_in_order():
     bins = label_bins([0, 1, 3, 4, 15, 16, 64, 500], (0, 1, 2, 4, 16, 64))
     assert list(bins) == ["0", "1", "2-3", "4-15", "4-15", "16-63", "64+", "64+"]

@@ -224,8 +224,9 @@ def test_batch_residuals_set_every_batch_against_its_prediction():
     np.testing.assert_allclose(table["ratio"], 1.3, rtol=1e-9)
     np.testing.assert_allclose(table["worker_ms"],
                                1e3 * (run.end_s - run.start_s)[WARM_BATCHES:])
-    # A simulated run does not say when a worker picked its batch up.
-    assert table[["pickup_ms", "received_after_pickup"]].isna().all().all()
+    # A simulated run does not say when a worker picked its batch up, nor, without a
+    # sender on the loop, in which turns the requests came.
+    assert table[["pickup_ms", "received_after_pickup", "turns"]].isna().all().all()
     assert table["received"].iloc[-1] == 0
     run.end_s[-1] += 0.002
     last = batch_residuals(svc, run).iloc[-1]
@@ -434,6 +435,31 @@ def test_the_first_request_received_during_a_batch_costs_it_once():
     assert res.arrival_s == pytest.approx([1.11 * MS, 2.23 * MS, 3.35 * MS])
     assert res.start_s == pytest.approx([1.12 * MS, 4.82 * MS, 7.82 * MS])
     assert res.end_s == pytest.approx([4.82 * MS, 7.82 * MS, 10.82 * MS])
+
+
+def test_the_sender_on_the_loop_records_its_turns():
+    """Greedy batches of one, 3 ms each; timers as above. The loop wakes at 1.1 ms for
+    the send due at 0.05 ms and sends the three due by 1.11 ms in one turn; the sends
+    due at 1.5 and 2.5 ms come in a turn each, at 2.23 and 3.35 ms."""
+    res = sent_by_hand([0.05, 0.2, 0.3, 1.5, 2.5], bs.BatchPolicy(1, 0.0), 3.0)
+    assert res.arrival_s == pytest.approx([1.11 * MS] * 3 + [2.23 * MS, 3.35 * MS])
+    assert res.meta["turn_sizes"].tolist() == [3, 1, 1]
+
+
+def test_batch_residuals_count_the_turns_that_brought_a_batch_its_requests():
+    """A simulated generator on the loop: each batch's ``turns`` is the number of
+    distinct instants at which the requests it received reached the batcher."""
+    svc = costly_service()
+    run = bs.simulate(bs.Poisson(0.8 * svc.capacity_rps(8)), bs.BatchPolicy(8, 0.0), svc,
+                      n_requests=3000, seed=5, sender="loop")
+    assert run.meta["turn_sizes"].sum() == 3000
+    table = batch_residuals(svc, run)
+    a = run.arrival_s
+    distinct = [np.unique(a[(a > t0) & (a < t1)]).size
+                for t0, t1 in zip(run.start_s[WARM_BATCHES:], run.end_s[WARM_BATCHES:],
+                                  strict=True)]
+    np.testing.assert_array_equal(table["turns"], distinct)
+    assert table["turns"].max() >= 2 and (table["turns"] < table["received"]).any()
 
 
 @pytest.mark.parametrize("sender", [None, "loop"])

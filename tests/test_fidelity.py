@@ -91,6 +91,9 @@ def test_throughput_agrees_over_a_grid(service):
     assert table["pickup_ms"].between(0, table["worker_ms"]).all()
     assert (table["received_after_pickup"] <= table["received"]).all()
     assert table["received_after_pickup"].sum() > 0
+    # The real load generator recorded its turns: each brought a batch at least one request.
+    assert table["turns"].notna().all() and (table["turns"] <= table["received"]).all()
+    assert ((table["turns"] > 0) == (table["received"] > 0)).all()
 
 
 @pytest.mark.parametrize("max_wait_ms, load", [(0.0, 0.3), (2.0, 0.3), (2.0, 0.6)])

@@ -44,6 +44,13 @@ def test_never_submits_early_and_reports_its_lateness():
     assert res.meta["harness"] == "open loop" and res.meta["seed"] == 2
 
 
+def test_records_the_requests_it_sent_in_each_turn():
+    """Three requests due at once, two more 50 ms later: two turns of the generator."""
+    res = run_load(sleepy, bs.Trace([0.0, 0.0, 0.0, 0.05, 0.05]), bs.BatchPolicy(4, 0.0),
+                   n_requests=5)
+    assert res.meta["turn_sizes"].tolist() == [3, 2]
+
+
 def test_sleeps_rather_than_spins_between_sparse_arrivals():
     """Arrivals 5 ms apart: a spinning harness would burn a whole core for the run."""
     cpu0, wall0 = time.process_time(), time.perf_counter()

@@ -60,8 +60,10 @@ def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
     due, at most ``max_burst`` at a time, before letting the batcher run. ``warmup``:
     run one untimed batch of zeros through every worker first (see
     ``DynamicBatcher.start``), so the run measures the steady state. ``meta`` of the
-    result holds ``scheduled_s`` (the drawn arrivals) and the lateness of the
-    submissions, ``lateness_ms_p50`` / ``_p99`` / ``_max``. ``pause_gc``: no automatic
+    result holds ``scheduled_s`` (the drawn arrivals), ``turn_sizes`` (how many requests
+    the generator submitted in each of its turns on the loop, in order: each turn costs
+    the batch that runs meanwhile its own work, beyond its requests') and the lateness of
+    the submissions, ``lateness_ms_p50`` / ``_p99`` / ``_max``. ``pause_gc``: no automatic
     garbage collection during the run (see the module doc; False leaves it to Python).
     """
     if not isinstance(workload, Workload):
@@ -72,6 +74,8 @@ def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
     server = _server(target, policy, workers, device, poll_ms)
     rows = _rows(server, inputs)
     scheduled_s = np.asarray(workload.arrivals_s(n, arrival_rng), float)
+
+    turn_sizes = []     # requests sent in each of the generator's turns on the loop
 
     async def replay():
         await server.start(warmup=warmup)
@@ -88,6 +92,8 @@ def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
                     pass  # recorded as rejected by the batcher
                 i += 1
                 sent += 1
+            if sent:
+                turn_sizes.append(sent)
             _release(pending)
             if i < n:
                 await asyncio.sleep(max(0.0, due_s[i] - now_s()))
@@ -98,7 +104,7 @@ def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
         res = run_to_completion(replay)
     late_ms = 1000.0 * (res.arrival_s - scheduled_s)
     res.meta.update(harness="open loop", workload=repr(workload), seed=seed,
-                    scheduled_s=scheduled_s,
+                    scheduled_s=scheduled_s, turn_sizes=np.array(turn_sizes, int),
                     lateness_ms_p50=float(np.percentile(late_ms, 50)),
                     lateness_ms_p99=float(np.percentile(late_ms, 99)),
                     lateness_ms_max=float(late_ms.max()))

@@ -50,7 +50,8 @@ def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarra
     ``sender="loop"`` (with ``costs``): ``arrival_s`` are the instants a load generator
     on the batcher's own event loop is due to send the requests, and each reaches the
     batcher when the loop next wakes for it (``_sender_loop``); the result's arrivals
-    are those instants, ``meta["sent_s"]`` the given ones.
+    are those instants, ``meta["sent_s"]`` the given ones and ``meta["turn_sizes"]``
+    how many it sent in each of its turns (as ``run_load`` records them).
 
     Raises NotImplementedError when a batch's service time vanishes next to its start
     time in floating point (``start + s == start``): the SimPy engine then orders the
@@ -66,6 +67,9 @@ def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarra
         res = _assemble(received_s, policy, batch_time_s, jitter, workers, log)
         if sender == "loop":
             res.meta["sent_s"] = arrival_s
+            # The requests of one turn reach the batcher at one instant.
+            turn_starts = np.flatnonzero(np.r_[True, np.diff(received_s) != 0])
+            res.meta["turn_sizes"] = np.diff(np.r_[turn_starts, received_s.size])
         res.end_s = np.asarray(end_s)        # arrivals during a batch may have delayed it
         res.finish_s = np.where(res.batch_id >= 0, res.end_s[res.batch_id], np.nan)
         return res
