@@ -412,10 +412,12 @@ def batch_residuals(service: CalibratedService, res: RunResult):
              - np.searchsorted(res.arrival_s, np.maximum(picked_s, start_s), "right"))
     turns = np.full(b.size, np.nan)
     if "turn_sizes" in res.meta:
+        # Each request's turn; a batch's requests are consecutive, so are their turns.
         turn_of = np.repeat(np.arange(res.meta["turn_sizes"].size), res.meta["turn_sizes"])
         first = np.searchsorted(res.arrival_s, start_s, "right")
-        turns = np.where(during > 0, turn_of[np.maximum(first + during - 1, 0)]
-                         - turn_of[np.minimum(first, turn_of.size - 1)] + 1, 0)
+        got = during > 0
+        turns[~got] = 0
+        turns[got] = turn_of[first[got] + during[got] - 1] - turn_of[first[got]] + 1
     return pd.DataFrame({"start_s": start_s, "size": b,
                          "trigger": np.array(TRIGGER_NAMES)[res.trigger[keep]],
                          "idle_ms": idle, "received": during, "worker_ms": worker_ms,
