@@ -130,6 +130,18 @@ def write_report(report: dict, out) -> None:
         print(f"wrote {out}", flush=True)
 
 
+def saved_runs_main(doc: str, analyze, print_report) -> None:
+    """The command line of a bench that reads one ``--save-runs`` pickle: ``analyze``
+    it, print the report and, with ``--out FILE``, write it as JSON."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("runs", help="a bench_fidelity.py --save-runs pickle (gzipped)")
+    p.add_argument("--out", default=None, help="also write the report as JSON")
+    args = p.parse_args()
+    report = analyze(load_saved_runs(args.runs))
+    print_report(report)
+    write_report(report, args.out)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="mlp", choices=["mlp", "cnn", "encoder"],

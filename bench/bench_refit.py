@@ -18,10 +18,8 @@ Run: ``.venv/bin/python bench/bench_refit.py RUNS.pkl.gz`` (``--out FILE`` write
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
-from bench_fidelity import load_saved_runs, write_report
+from bench_fidelity import saved_runs_main
 
 METRICS = ("latency_ms_p50", "latency_ms_p99", "throughput_rps")
 COSTS = ("per_batch_ms", "per_item_ms", "arrival_ms", "first_arrival_ms")
@@ -97,13 +95,7 @@ def print_report(report: dict) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("runs", help="a bench_fidelity.py --save-runs pickle (gzipped)")
-    p.add_argument("--out", default=None, help="also write the report as JSON")
-    args = p.parse_args()
-    report = compare_fits(load_saved_runs(args.runs))
-    print_report(report)
-    write_report(report, args.out)
+    saved_runs_main(__doc__, compare_fits, print_report)
 
 
 if __name__ == "__main__":
