@@ -1,0 +1,146 @@
+"""How the load generator's turns meet the batcher's event loop: real runs against the
+simulator on the same schedule.
+
+``run_load`` sends on the batcher's own loop: it wakes, sends every request due (at most
+``max_burst`` at a time), re-arms its sleep and yields. The instant the next request falls
+due decides whether it is sent at once or after a sleep (asyncio's epoll selector rounds a
+sleep up to whole milliseconds, or the batch's end wakes the loop first), and so where
+the requests land: while a batch runs (each delays it) or between batches. For each part
+of a ``bench_fidelity.py --save-runs`` pickle (the calibration's runs, then each arrival
+set) this bench prints, for the real runs and for the simulator (``sender="loop"``, the
+saved calibration) on the same schedules:
+
+* ``linger_us``: how long the loop stayed awake after a turn sent while a batch ran,
+  before it slept: the delay from the turn's last send to the next request's due
+  instant that splits those sent without a sleep from those sent after one;
+* ``awake_late_us``: the median lateness of the requests that fell due then, sent
+  without a sleep;
+* ``capped_share``: the share of requests sent in turns of ``max_burst`` or more (the
+  real generator had fallen behind: it yields after such a turn and goes on; the
+  simulated one sends all that is due in one turn);
+* ``between_share``: the share of requests the batcher received while no batch ran
+  (after one's end, before the next one's dispatch: they delay no batch);
+* ``turns_per_batch``: the turns that brought a batch the requests it received while it
+  ran, over the batches that received any.
+
+Turns are the run's own record (``meta["turn_sizes"]``); runs saved before ``run_load``
+kept it are split where a request was not yet due when the one before it was sent (that
+splits about 1% more turns than the record: a request that fell due during the send
+before it joined that turn). The bench needs numpy and batchsim (it simulates).
+
+Run: ``.venv/bin/python bench/bench_loop_turns.py RUNS.pkl.gz [--out FILE]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from bench_fidelity import saved_runs_main
+
+from batchsim.calibrate import _simulate_schedule
+
+#: ``run_load``'s default: the most requests it sends in one turn.
+MAX_BURST = 64
+#: How far past a turn (us) the next request's due instant is looked at: several
+#: lingers, a tenth of the loop's millisecond timer grid.
+SPAN_US = 100.0
+
+
+def turn_starts(res) -> np.ndarray:
+    """Index of the first request of each of the load generator's turns."""
+    if "turn_sizes" in res.meta:
+        return np.r_[0, np.cumsum(res.meta["turn_sizes"])[:-1]]
+    due_s = res.meta["scheduled_s"]
+    return np.flatnonzero(np.r_[True, due_s[1:] > res.arrival_s[:-1]])
+
+
+def due_s(res) -> np.ndarray:
+    """When each request was due to be sent (real: ``scheduled_s``; simulated: ``sent_s``)."""
+    return res.meta["scheduled_s"] if "scheduled_s" in res.meta else res.meta["sent_s"]
+
+
+def after_turns(res, timer_resolution_ms: float):
+    """For each turn sent while a batch ran whose next request fell due within
+    ``SPAN_US`` of its last send, with the batch running on ``SPAN_US`` beyond: that
+    delay (s), whether the request was sent without a sleep (before the batch's end and
+    before a sleep of one timer resolution could end) and its lateness (s)."""
+    first = turn_starts(res)
+    a, due = res.arrival_s, due_s(res)
+    last_s, next_due_s, next_s = a[first[1:] - 1], due[first[1:]], a[first[1:]]
+    k = np.searchsorted(res.start_s, last_s, "right") - 1
+    end_s = res.end_s[np.maximum(k, 0)]
+    delay_s = next_due_s - last_s
+    span_s = SPAN_US / 1e6
+    kept = ((k >= 0) & (last_s < end_s) & (delay_s > 0) & (delay_s <= span_s)
+            & (end_s > next_due_s + span_s))
+    awake = next_s < np.minimum(end_s, last_s + timer_resolution_ms / 1e3)
+    return delay_s[kept], awake[kept], (next_s - next_due_s)[kept]
+
+
+def linger_s(delays_s: np.ndarray, awake: np.ndarray) -> float:
+    """The delay that splits the requests sent awake from those sent after a sleep with
+    the fewest on the wrong side, midway between the delays either side (NaN: none)."""
+    if not delays_s.size:
+        return float("nan")
+    order = np.argsort(delays_s)
+    delays_s, awake = delays_s[order], awake[order]
+    # Split after the first i: the asleep among them and the awake beyond are wrong.
+    wrong = np.r_[0, np.cumsum(~awake)] + awake.sum() - np.r_[0, np.cumsum(awake)]
+    i = int(np.argmin(wrong))
+    below = delays_s[i - 1] if i else 0.0
+    above = delays_s[i] if i < delays_s.size else delays_s[-1]
+    return 0.5 * (below + above)
+
+
+def turn_report(runs, timer_resolution_ms: float) -> dict:
+    """The measures of the module doc over ``runs``."""
+    delays, awake, late = (np.concatenate(v) for v in zip(
+        *(after_turns(r, timer_resolution_ms) for r in runs), strict=True))
+    sizes = np.concatenate([np.diff(np.r_[turn_starts(r), r.arrival_s.size]) for r in runs])
+    between = turns = received = 0
+    for r in runs:
+        a = r.arrival_s
+        k = np.searchsorted(r.start_s, a, "right") - 1
+        between += int(np.sum((k < 0) | (a >= r.end_s[np.maximum(k, 0)])))
+        lo, hi = np.searchsorted(a, r.start_s, "right"), np.searchsorted(a, r.end_s, "left")
+        turn_of = np.searchsorted(turn_starts(r), np.arange(a.size), "right") - 1
+        got = hi > lo
+        turns += int(np.sum(turn_of[hi[got] - 1] - turn_of[lo[got]] + 1))
+        received += int(got.sum())
+    sent_awake = late[awake & (delays <= linger_s(delays, awake))]
+    return {"linger_us": 1e6 * linger_s(delays, awake),
+            "awake_late_us": 1e6 * float(np.median(sent_awake)) if sent_awake.size
+            else float("nan"),
+            "capped_share": float(sizes[sizes >= MAX_BURST].sum() / sizes.sum()),
+            "between_share": between / sum(r.arrival_s.size for r in runs),
+            "turns_per_batch": turns / received if received else float("nan")}
+
+
+def analyze(saved: dict) -> dict:
+    """Per part of the saved grid, the measures for the real runs and the simulated ones."""
+    service = saved["service"]
+    g = service.costs.timer_resolution_ms
+    parts = {"calibration_runs": [(r, r.meta["policy"], r.meta["seed"])
+                                  for r in saved["calibration_runs"]]}
+    for name, rows in saved["runs"].items():
+        parts[name] = [(row["real"], row["policy"], row["seed"]) for row in rows]
+    report = {}
+    for name, rows in parts.items():
+        sims = [_simulate_schedule(real, policy, service, seed) for real, policy, seed in rows]
+        report[name] = {"real": turn_report([real for real, _, _ in rows], g),
+                        "sim": turn_report(sims, g)}
+    return report
+
+
+def print_report(report: dict) -> None:
+    for name, sides in report.items():
+        print(f"{name}:")
+        for key in sides["real"]:
+            print(f"   {key:>16}: real {sides['real'][key]:8.3f}   sim {sides['sim'][key]:8.3f}")
+
+
+def main() -> None:
+    saved_runs_main(__doc__, analyze, print_report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""``bench/bench_loop_turns.py``: the load generator's turns, real against simulated."""
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from service_fakes import costly_service
+
+import batchsim as bs
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_loop_turns import SPAN_US, after_turns, analyze, linger_s, turn_report, turn_starts  # noqa: E402  (a script)
+
+POLICY = bs.BatchPolicy(8, 0.0)
+
+
+def sent_runs(n_runs=3, load=0.8):
+    """Runs of the simulated generator on the loop (``costly_service``: react 20 us,
+    timers on a 1 ms grid)."""
+    svc = costly_service()
+    return svc, [bs.simulate(bs.Poisson(load * svc.capacity_rps(8)), POLICY, svc,
+                             n_requests=4000, seed=k, sender="loop") for k in range(n_runs)]
+
+
+def test_the_simulated_loop_lingers_one_reaction_after_a_turn():
+    """The simulated loop decides one reaction after each turn and then sleeps: a request
+    due by then is sent awake, one reaction after that, every later one after a sleep.
+    The bench's split falls between the two kinds, and each request sent awake is late
+    by twice the reaction less its delay; one sent after a sleep waited for the batch's
+    end or the timer."""
+    svc, runs = sent_runs()
+    react_s = svc.costs.react_s
+    delays, awake, late = (np.concatenate(v) for v in zip(
+        *(after_turns(r, svc.costs.timer_resolution_ms) for r in runs), strict=True))
+    assert awake.sum() > 50 and (~awake).sum() > 50
+    assert delays[awake].max() <= react_s < delays[~awake].min()
+    assert delays[awake].max() <= linger_s(delays, awake) <= delays[~awake].min()
+    np.testing.assert_allclose(late[awake], 2 * react_s - delays[awake], rtol=0, atol=1e-12)
+    assert (late[~awake] > SPAN_US / 1e6).all()      # the batch ran on that long
+
+
+def test_the_report_counts_turns_and_requests_between_batches_as_the_runs_hold_them():
+    """Against counts made directly: the receipts outside every batch, and per batch
+    that received requests, the distinct instants they came at (the simulated turns)."""
+    svc, runs = sent_runs(n_runs=2)
+    report = turn_report(runs, svc.costs.timer_resolution_ms)
+    between = turns = batches = 0
+    for r in runs:
+        a = r.arrival_s
+        inside = ((a[:, None] > r.start_s[None, :]) & (a[:, None] < r.end_s[None, :])).any(1)
+        at_start = np.isin(a, r.start_s)
+        between += int((~inside & ~at_start).sum())
+        for t0, t1 in zip(r.start_s, r.end_s, strict=True):
+            got = a[(a > t0) & (a < t1)]
+            if got.size:
+                turns += np.unique(got).size
+                batches += 1
+    assert report["between_share"] == pytest.approx(between / sum(r.arrival_s.size
+                                                                  for r in runs))
+    assert report["turns_per_batch"] == pytest.approx(turns / batches)
+    sizes = np.concatenate([r.meta["turn_sizes"] for r in runs])
+    assert report["capped_share"] == pytest.approx(sizes[sizes >= 64].sum() / sizes.sum())
+
+
+def test_turns_of_a_run_without_a_record_split_where_a_request_was_not_yet_due():
+    """Sent at 1.0, 1.001 (due at 0.9, before the send before it: it joined that turn)
+    and 3.0 (due at 2.0, after it)."""
+    res = SimpleNamespace(meta={"scheduled_s": np.array([0.5, 0.9, 2.0])},
+                          arrival_s=np.array([1.0, 1.001, 3.0]))
+    assert turn_starts(res).tolist() == [0, 2]
+    res.meta["turn_sizes"] = np.array([1, 1, 1])
+    assert turn_starts(res).tolist() == [0, 1, 2]
+
+
+def test_a_grid_simulated_on_its_own_schedules_reads_the_same_as_its_real_side():
+    """Saved runs made by the simulator itself (their schedule as a real run's): the
+    simulation of each schedule is the run, so both sides of every part agree."""
+    svc, runs = sent_runs(n_runs=2, load=0.5)
+    for seed, r in enumerate(runs):
+        r.meta["scheduled_s"] = r.meta["sent_s"]
+        r.meta["policy"], r.meta["seed"] = POLICY, seed
+    saved = {"service": svc, "calibration_runs": runs[:1],
+             "runs": {"poisson": [{"policy": POLICY, "seed": 1, "real": runs[1]}]}}
+    report = analyze(saved)
+    assert set(report) == {"calibration_runs", "poisson"}
+    for sides in report.values():
+        assert sides["real"] == pytest.approx(sides["sim"], nan_ok=True)
+        assert sides["real"]["linger_us"] == pytest.approx(20.0, abs=5.0)
