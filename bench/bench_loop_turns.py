@@ -24,9 +24,10 @@ saved calibration) on the same schedules:
   ran, over the batches that received any.
 
 Turns are the run's own record (``meta["turn_sizes"]``); runs saved before ``run_load``
-kept it are split where a request was not yet due when the one before it was sent (that
-splits about 1% more turns than the record: a request that fell due during the send
-before it joined that turn). The bench needs numpy and batchsim (it simulates).
+kept it are split where a request was not yet due when the one before it was sent, and
+every ``max_burst`` requests (a generator that fell behind sends turn after turn). On
+grid L that split 1.4% more turns than the record and merged none: a request that fell
+due during the send before it joined that turn. The bench needs numpy and batchsim (it simulates).
 
 Run: ``.venv/bin/python bench/bench_loop_turns.py RUNS.pkl.gz [--out FILE]``.
 """
@@ -50,7 +51,12 @@ def turn_starts(res) -> np.ndarray:
     if "turn_sizes" in res.meta:
         return np.r_[0, np.cumsum(res.meta["turn_sizes"])[:-1]]
     due_s = res.meta["scheduled_s"]
-    return np.flatnonzero(np.r_[True, due_s[1:] > res.arrival_s[:-1]])
+    runs = np.flatnonzero(np.r_[True, due_s[1:] > res.arrival_s[:-1]])
+    # A run of requests each due before the send before it is one turn per max_burst.
+    lengths = np.diff(np.r_[runs, due_s.size])
+    chunks = -(-lengths // MAX_BURST)
+    return np.repeat(runs, chunks) + MAX_BURST * (np.arange(chunks.sum())
+                                                   - np.repeat(np.cumsum(chunks) - chunks, chunks))
 
 
 def due_s(res) -> np.ndarray:

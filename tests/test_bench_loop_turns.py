@@ -75,6 +75,15 @@ def test_turns_of_a_run_without_a_record_split_where_a_request_was_not_yet_due()
     assert turn_starts(res).tolist() == [0, 1, 2]
 
 
+def test_a_generator_behind_sends_turns_of_max_burst():
+    """150 requests all due before they were sent, then one due after: turns of 64, 64,
+    22 and 1."""
+    due = np.r_[np.zeros(150), 10.0]
+    res = SimpleNamespace(meta={"scheduled_s": due}, arrival_s=np.r_[1.0 + np.arange(150) * 1e-6,
+                                                                      11.0])
+    assert turn_starts(res).tolist() == [0, 64, 128, 150]
+
+
 def test_a_grid_simulated_on_its_own_schedules_reads_the_same_as_its_real_side():
     """Saved runs made by the simulator itself (their schedule as a real run's): the
     simulation of each schedule is the run, so both sides of every part agree."""
