@@ -9,6 +9,10 @@ calibration runs (``batchsim.calibrate.refit``, the ``s(b)`` and timer kept) and
 every row's p50 and p99 error, simulated as ``fidelity`` simulates it. ``--compare``
 then sets two such files side by side: per model, the rows each version brings closer
 at p50 and p99, and the arrival sets whose median |p50 error| falls or rises.
+``--told-speed`` simulates each row at the speed its own batches ran: a machine that
+drifts between the calibration and the rows moves every row's error one way, so that a
+change which moves the predictions the other way looks better or worse than its
+mechanism is; told the speed, the tally sees the mechanism.
 
 Run: ``PYTHONPATH=<a checkout of the previous commit> .venv/bin/python
 bench/bench_row_errors.py RUNS.pkl.gz ... --out before.json``, the same with this
@@ -26,17 +30,24 @@ from bench_fidelity import load_saved_runs, write_report
 from bench_refit import row_errors as refit_row_errors
 
 
-def row_errors(saved: dict) -> dict:
+def row_errors(saved: dict, told_speed: bool = False) -> dict:
     """Per arrival set, each row's ``[p50, p99]`` relative error (simulated over real,
     less 1, as ``bench_refit.row_errors`` measures it), with the saved calibration
-    refitted on its Poisson calibration runs."""
-    from batchsim.calibrate import refit
+    refitted on its Poisson calibration runs; ``told_speed``: each row simulated at the
+    speed its own batches ran (``at_speed`` by ``worker_time_ratio``), which takes the
+    machine's drift since the calibration out of the comparison."""
+    from batchsim.calibrate import at_speed, refit, worker_time_ratio
 
     poisson = [r for r in saved["calibration_runs"] if r.meta["workload"].startswith("Poisson")]
     service = refit(saved["service"], poisson)
     errors = {}
     for name, runs in saved["runs"].items():
-        e = refit_row_errors(service, runs)
+        if told_speed:
+            rows = [refit_row_errors(at_speed(service, worker_time_ratio(service, run["real"])),
+                                     [run]) for run in runs]
+            e = {m: [row[m][0] for row in rows] for m in ("latency_ms_p50", "latency_ms_p99")}
+        else:
+            e = refit_row_errors(service, runs)
         errors[name] = [list(pair) for pair in zip(e["latency_ms_p50"], e["latency_ms_p99"],
                                                    strict=True)]
     return errors
@@ -70,6 +81,8 @@ def main() -> None:
     p.add_argument("runs", nargs="*", help="bench_fidelity.py --save-runs pickles (gzipped)")
     p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
                    help="two files this bench wrote: tally them instead")
+    p.add_argument("--told-speed", action="store_true",
+                   help="simulate each row at the speed its own batches ran")
     p.add_argument("--out", default=None, help="also write the result as JSON")
     args = p.parse_args()
     if args.compare:
@@ -82,7 +95,8 @@ def main() -> None:
                   f"p99 {t['p99'][0]} / {t['p99'][1]}; median |p50| fell / rose / stayed "
                   f"in {' / '.join(map(str, t['median_p50']))} sets")
     else:
-        report = {Path(f).name.removesuffix(".pkl.gz"): row_errors(load_saved_runs(f))
+        report = {Path(f).name.removesuffix(".pkl.gz"): row_errors(load_saved_runs(f),
+                                                                   args.told_speed)
                   for f in args.runs}
         for grid, sets in report.items():
             print(grid + ": " + ", ".join(
