@@ -21,7 +21,12 @@ saved calibration) on the same schedules:
 * ``between_share``: the share of requests the batcher received while no batch ran
   (after one's end, before the next one's dispatch: they delay no batch);
 * ``turns_per_batch``: the turns that brought a batch the requests it received while it
-  ran, over the batches that received any.
+  ran, over the batches that received any;
+* ``chain_round_us`` and ``chain_round_batch_end_us``: the median time from the last
+  send of a turn of ``max_burst`` to the next turn, with a request already due (the
+  generator yielded and goes on), when no batch ended in between and when one did
+  (``chain_rounds_batch_end``, how many); NaN where none. On one core, a generator that
+  is behind may not get the loop back until the running batch ends.
 
 Turns are the run's own record (``meta["turn_sizes"]``); runs saved before ``run_load``
 kept it are split where a request was not yet due when the one before it was sent, and
@@ -97,6 +102,20 @@ def linger_s(delays_s: np.ndarray, awake: np.ndarray) -> float:
     return 0.5 * (below + above)
 
 
+def chain_rounds(res):
+    """For each turn of ``max_burst`` followed by one whose first request was already due
+    at its last send: the time to that next turn (s) and whether a batch ended in it."""
+    first = turn_starts(res)
+    a, due = res.arrival_s, due_s(res)
+    last = np.r_[first[1:], a.size] - 1
+    full = np.flatnonzero(last[:-1] - first[:-1] + 1 >= MAX_BURST)
+    full = full[due[first[full + 1]] <= a[last[full]]]
+    t0, t1 = a[last[full]], a[first[full + 1]]
+    k = np.searchsorted(res.end_s, t0, "right")
+    ended = (k < res.end_s.size) & (res.end_s[np.minimum(k, res.end_s.size - 1)] < t1)
+    return t1 - t0, ended
+
+
 def turn_report(runs, timer_resolution_ms: float) -> dict:
     """The measures of the module doc over ``runs``."""
     delays, awake, late = (np.concatenate(v) for v in zip(
@@ -113,12 +132,20 @@ def turn_report(runs, timer_resolution_ms: float) -> dict:
         turns += int(np.sum(turn_of[hi[got] - 1] - turn_of[lo[got]] + 1))
         received += int(got.sum())
     sent_awake = late[awake & (delays <= linger_s(delays, awake))]
+    rounds_s, ended = (np.concatenate(v) for v in zip(*map(chain_rounds, runs), strict=True))
     return {"linger_us": 1e6 * linger_s(delays, awake),
-            "awake_late_us": 1e6 * float(np.median(sent_awake)) if sent_awake.size
-            else float("nan"),
+            "awake_late_us": median_us(sent_awake),
             "capped_share": float(sizes[sizes >= MAX_BURST].sum() / sizes.sum()),
             "between_share": between / sum(r.arrival_s.size for r in runs),
-            "turns_per_batch": turns / received if received else float("nan")}
+            "turns_per_batch": turns / received if received else float("nan"),
+            "chain_round_us": median_us(rounds_s[~ended]),
+            "chain_round_batch_end_us": median_us(rounds_s[ended]),
+            "chain_rounds_batch_end": int(ended.sum())}
+
+
+def median_us(x_s: np.ndarray) -> float:
+    """The median in microseconds (NaN of none)."""
+    return 1e6 * float(np.median(x_s)) if x_s.size else float("nan")
 
 
 def analyze(saved: dict) -> dict:
@@ -141,7 +168,7 @@ def print_report(report: dict) -> None:
     for name, sides in report.items():
         print(f"{name}:")
         for key in sides["real"]:
-            print(f"   {key:>16}: real {sides['real'][key]:8.3f}   sim {sides['sim'][key]:8.3f}")
+            print(f"   {key:>24}: real {sides['real'][key]:8.3f}   sim {sides['sim'][key]:8.3f}")
 
 
 def main() -> None:

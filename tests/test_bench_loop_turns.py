@@ -12,7 +12,15 @@ import batchsim as bs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from bench_loop_turns import SPAN_US, after_turns, analyze, linger_s, turn_report, turn_starts  # noqa: E402  (a script)
+from bench_loop_turns import (  # noqa: E402  (a script)
+    SPAN_US,
+    after_turns,
+    analyze,
+    chain_rounds,
+    linger_s,
+    turn_report,
+    turn_starts,
+)
 
 POLICY = bs.BatchPolicy(8, 0.0)
 
@@ -82,6 +90,21 @@ def test_a_generator_behind_sends_turns_of_max_burst():
     res = SimpleNamespace(meta={"scheduled_s": due}, arrival_s=np.r_[1.0 + np.arange(150) * 1e-6,
                                                                       11.0])
     assert turn_starts(res).tolist() == [0, 64, 128, 150]
+
+
+def test_rounds_between_full_turns_and_whether_a_batch_ended_in_them():
+    """150 requests all due at 0: a turn of 64 sent 1 us apart, the next 10 us after it,
+    the third 300 us after that, with a batch's end between; the third is not full."""
+    us = 1e-6
+    second = 63 * us + 10 * us
+    third = second + 63 * us + 300 * us
+    sent = 1.0 + np.r_[np.arange(64) * us, second + np.arange(64) * us,
+                       third + np.arange(22) * us]
+    res = SimpleNamespace(meta={"scheduled_s": np.zeros(150)}, arrival_s=sent,
+                          end_s=np.array([1.0 + second + 163 * us]))
+    rounds_s, ended = chain_rounds(res)
+    np.testing.assert_allclose(rounds_s, [10 * us, 300 * us], rtol=1e-6)
+    assert ended.tolist() == [False, True]
 
 
 def test_a_grid_simulated_on_its_own_schedules_reads_the_same_as_its_real_side():
