@@ -69,12 +69,12 @@ def due_s(res) -> np.ndarray:
     return res.meta["scheduled_s"] if "scheduled_s" in res.meta else res.meta["sent_s"]
 
 
-def after_turns(res, timer_resolution_ms: float):
-    """For each turn sent while a batch ran whose next request fell due within
-    ``SPAN_US`` of its last send, with the batch running on ``SPAN_US`` beyond: that
-    delay (s), whether the request was sent without a sleep (before the batch's end and
-    before a sleep of one timer resolution could end) and its lateness (s)."""
-    first = turn_starts(res)
+def after_turns(res, first: np.ndarray, timer_resolution_ms: float):
+    """For each turn (``first``: ``turn_starts(res)``) sent while a batch ran whose next
+    request fell due within ``SPAN_US`` of its last send, with the batch running on
+    ``SPAN_US`` beyond: that delay (s), whether the request was sent without a sleep
+    (before the batch's end and before a sleep of one timer resolution could end) and its
+    lateness (s)."""
     a, due = res.arrival_s, due_s(res)
     last_s, next_due_s, next_s = a[first[1:] - 1], due[first[1:]], a[first[1:]]
     k = np.searchsorted(res.start_s, last_s, "right") - 1
@@ -102,10 +102,10 @@ def linger_s(delays_s: np.ndarray, awake: np.ndarray) -> float:
     return 0.5 * (below + above)
 
 
-def chain_rounds(res):
-    """For each turn of ``max_burst`` followed by one whose first request was already due
-    at its last send: the time to that next turn (s) and whether a batch ended in it."""
-    first = turn_starts(res)
+def chain_rounds(res, first: np.ndarray):
+    """For each turn of ``max_burst`` (``first``: ``turn_starts(res)``) followed by one
+    whose first request was already due at its last send: the time to that next turn (s)
+    and whether a batch ended in it."""
     a, due = res.arrival_s, due_s(res)
     last = np.r_[first[1:], a.size] - 1
     full = np.flatnonzero(last[:-1] - first[:-1] + 1 >= MAX_BURST)
@@ -118,21 +118,26 @@ def chain_rounds(res):
 
 def turn_report(runs, timer_resolution_ms: float) -> dict:
     """The measures of the module doc over ``runs``."""
+    firsts = [turn_starts(r) for r in runs]
     delays, awake, late = (np.concatenate(v) for v in zip(
-        *(after_turns(r, timer_resolution_ms) for r in runs), strict=True))
-    sizes = np.concatenate([np.diff(np.r_[turn_starts(r), r.arrival_s.size]) for r in runs])
+        *(after_turns(r, first, timer_resolution_ms) for r, first in zip(runs, firsts,
+                                                                          strict=True)),
+        strict=True))
+    sizes = np.concatenate([np.diff(np.r_[first, r.arrival_s.size])
+                            for r, first in zip(runs, firsts, strict=True)])
     between = turns = received = 0
-    for r in runs:
+    for r, first in zip(runs, firsts, strict=True):
         a = r.arrival_s
         k = np.searchsorted(r.start_s, a, "right") - 1
         between += int(np.sum((k < 0) | (a >= r.end_s[np.maximum(k, 0)])))
         lo, hi = np.searchsorted(a, r.start_s, "right"), np.searchsorted(a, r.end_s, "left")
-        turn_of = np.searchsorted(turn_starts(r), np.arange(a.size), "right") - 1
+        turn_of = np.searchsorted(first, np.arange(a.size), "right") - 1
         got = hi > lo
         turns += int(np.sum(turn_of[hi[got] - 1] - turn_of[lo[got]] + 1))
         received += int(got.sum())
     sent_awake = late[awake & (delays <= linger_s(delays, awake))]
-    rounds_s, ended = (np.concatenate(v) for v in zip(*map(chain_rounds, runs), strict=True))
+    rounds_s, ended = (np.concatenate(v) for v in zip(*map(chain_rounds, runs, firsts),
+                                                       strict=True))
     return {"linger_us": 1e6 * linger_s(delays, awake),
             "awake_late_us": median_us(sent_awake),
             "capped_share": float(sizes[sizes >= MAX_BURST].sum() / sizes.sum()),

@@ -42,7 +42,8 @@ def test_the_simulated_loop_lingers_one_reaction_after_a_turn():
     svc, runs = sent_runs()
     react_s = svc.costs.react_s
     delays, awake, late = (np.concatenate(v) for v in zip(
-        *(after_turns(r, svc.costs.timer_resolution_ms) for r in runs), strict=True))
+        *(after_turns(r, turn_starts(r), svc.costs.timer_resolution_ms) for r in runs),
+        strict=True))
     assert awake.sum() > 50 and (~awake).sum() > 50
     assert delays[awake].max() <= react_s < delays[~awake].min()
     assert delays[awake].max() <= linger_s(delays, awake) <= delays[~awake].min()
@@ -102,7 +103,7 @@ def test_rounds_between_full_turns_and_whether_a_batch_ended_in_them():
                        third + np.arange(22) * us]
     res = SimpleNamespace(meta={"scheduled_s": np.zeros(150)}, arrival_s=sent,
                           end_s=np.array([1.0 + second + 163 * us]))
-    rounds_s, ended = chain_rounds(res)
+    rounds_s, ended = chain_rounds(res, turn_starts(res))
     np.testing.assert_allclose(rounds_s, [10 * us, 300 * us], rtol=1e-6)
     assert ended.tolist() == [False, True]
 
