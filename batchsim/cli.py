@@ -8,6 +8,7 @@ Bad arguments print one line, ``batchsim: error: ...``, and exit with code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -266,6 +267,10 @@ def _args_validate(p):
                    help="run on this one CPU, so that the event loop and the batcher's "
                    "worker share it in the calibration and in every run (default: wherever "
                    "the OS puts them, which can differ from run to run)")
+    p.add_argument("--keep-awake", action="store_true",
+                   help="keep --cpu out of its idle state while it all runs: a process "
+                   "spins there at the lowest priority, so that a batch after a pause does "
+                   "not wait for a virtual machine's CPU to come back (Linux)")
     p.add_argument("--duration-s", type=float, default=1.0, help="seconds of traffic a run")
     p.add_argument("-n", "--n-requests", type=int, default=1000, help="at least this many")
     p.add_argument("--seed", type=int, default=1, help="seed of the arrivals (calibration "
@@ -307,12 +312,20 @@ def _grid(entries) -> dict:
 
 
 def _run_validate(args) -> int:
-    import os
-
     from . import calibrate as cal
 
+    if args.keep_awake and args.cpu is None:
+        raise ValueError("--keep-awake needs --cpu, the CPU to keep awake, got none")
     if args.cpu is not None:  # before any thread starts: the batcher's threads inherit it
         cal.run_on_one_cpu(args.cpu, "--cpu")
+    with cal.kept_awake(args.cpu, "--cpu") if args.keep_awake else contextlib.nullcontext():
+        return _validate(args, cal)
+
+
+def _validate(args, cal) -> int:
+    """Calibrate (or load a calibration), run the grid, print and write its errors."""
+    import os
+
     # Before torch loads, so that the batcher's worker threads get it too (set_num_threads
     # below applies to this thread only).
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))

@@ -54,6 +54,8 @@ calibration's own reproducibility.
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import gzip
 import json
 import os
@@ -67,6 +69,9 @@ import numpy as np
 import batchsim as bs
 
 TARGETS = {"latency_ms_p50": 0.05, "latency_ms_p99": 0.10, "throughput_rps": 0.02}
+#: What ``--keep-awake`` started, closed when the bench exits.
+_AWAKE = contextlib.ExitStack()
+atexit.register(_AWAKE.close)
 RESULTS = Path(__file__).parent / "results" / "fidelity_cpu.json"
 #: The grids of max_batch_size x max_wait_ms x load: ``--quick`` (12 configurations, the
 #: GPU runs) and the full one (24).
@@ -87,6 +92,9 @@ def add_machine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu", type=int, default=None,
                    help="run on this one CPU (the event loop and the batcher's worker share "
                         "it; default: wherever the OS puts them)")
+    p.add_argument("--keep-awake", action="store_true",
+                   help="keep --cpu out of its idle state: a process spins there at the "
+                        "lowest priority (batchsim.calibrate.kept_awake)")
 
 
 def settle_machine(args):
@@ -102,6 +110,12 @@ def settle_machine(args):
         from batchsim.calibrate import run_on_one_cpu
 
         run_on_one_cpu(args.cpu, "--cpu")
+    if args.keep_awake:
+        from batchsim.calibrate import kept_awake
+
+        if args.cpu is None:
+            raise SystemExit("--keep-awake needs --cpu: the CPU to keep awake")
+        _AWAKE.enter_context(kept_awake(args.cpu, "--cpu"))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
@@ -166,6 +180,9 @@ def main() -> None:
                    help="a short saturated run before the grid and before each row: how "
                         "much faster or slower the machine served than at the start "
                         "(speed_ratio)")
+    p.add_argument("--probe-profile", action="store_true",
+                   help="time s(b) again right before each row and simulate the row at "
+                        "that speed too (profile_ratio, probe_err_*)")
     p.add_argument("--save-runs", default=None, metavar="PICKLE",
                    help="also pickle (gzipped) the calibrated service, its calibration runs "
                         "and each row's first real run, per arrival process (to take rows "
@@ -206,6 +223,7 @@ def main() -> None:
               "dtype": str(model.input_spec.dtype).removeprefix("torch."),
               "torch": torch.__version__, "python": platform.python_version(),
               "cpu_count": os.cpu_count(), "torch_threads": 1, "nice": args.nice, "cpu": args.cpu,
+              "keep_awake": args.keep_awake,
               "quick": args.quick, "duration_s": duration_s, "grid": grid, "targets": TARGETS,
               "calibration": service.to_dict(), "calibrate_s": calibrate_s,
               "loadavg_start": os.getloadavg(), "workloads": {}}
@@ -219,7 +237,8 @@ def main() -> None:
         df = fidelity(model, service, workload=shape, n_requests=1000, duration_s=duration_s,
                       seed=seed, repeat=True, baseline=service.model, progress=True,
                       device=args.device, runs=saved["runs"][name],
-                      probe_speed=args.probe_speed, **grid)
+                      probe_speed=args.probe_speed,
+                      probe_profile=args.probe_profile, **grid)
         frames[name] = df
         summary = report_workload(report, name, df)
         print(f"   median |error|: p50 {summary['median_abs_err_latency_ms_p50']:.1%} "
@@ -240,6 +259,13 @@ def main() -> None:
               f"the calibration's time, 5th-95th percentile): p50 "
               f"{summary['median_abs_at_speed_latency_ms_p50']:.1%}, p99 "
               f"{summary['median_abs_at_speed_latency_ms_p99']:.1%}", flush=True)
+        if args.probe_profile:
+            print(f"   told the speed s(b) was timed at right before each row (it took "
+                  f"{summary['profile_ratio_p5']:.2f}-{summary['profile_ratio_p95']:.2f}x the "
+                  f"calibration's time, 5th-95th percentile): p50 "
+                  f"{summary['median_abs_probed_latency_ms_p50']:.1%}, p99 "
+                  f"{summary['median_abs_probed_latency_ms_p99']:.1%}, throughput "
+                  f"{summary['median_abs_probed_throughput_rps']:.2%}", flush=True)
         if args.probe_speed:
             print(f"   the machine served {summary['speed_ratio_p5']:.2f}-"
                   f"{summary['speed_ratio_p95']:.2f}x as fast as at the start of the set "

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import numpy as np
@@ -811,10 +812,12 @@ def test_validate_command_writes_the_table_and_the_plot(tmp_path, capsys):
     assert (tmp_path / "v.png").stat().st_size > 0
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
-def test_validate_on_one_cpu_runs_the_batcher_there(tmp_path):
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="CPU affinity is Linux's")
+@pytest.mark.parametrize("awake", [[], ["--keep-awake"]])
+def test_validate_on_one_cpu_runs_the_batcher_there(tmp_path, awake):
     """``--cpu``: the process is pinned before the batcher starts, so its worker runs on
-    that CPU too. In a subprocess: pinning this one would pin the rest of the tests."""
+    that CPU too (with ``--keep-awake``, beside the spinner that keeps it awake). In a
+    subprocess: pinning this one would pin the rest of the tests."""
     cal = CalibratedService(bs.AffineService(0.1, 0.002), 0.05, 0.002, (0.9, 1.0, 1.3),
                             BatcherCosts(0.02, 0.02, 0.0, 1.0, 0.1))
     cal.save(tmp_path / "cal.json")
@@ -843,7 +846,7 @@ def test_validate_on_one_cpu_runs_the_batcher_there(tmp_path):
     run = subprocess.run([sys.executable, "-c", script, "validate", "--model", "tiny-mlp",
                           "--calibration", str(tmp_path / "cal.json"), "--grid",
                           "max_batch_size=4", "max_wait_ms=0", "load=0.2", "--duration-s",
-                          "0.05", "-n", "200", "--cpu", str(cpu)],
+                          "0.05", "-n", "200", "--cpu", str(cpu), *awake],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert f"worker CPUs [{cpu}]" in run.stdout
@@ -851,6 +854,7 @@ def test_validate_on_one_cpu_runs_the_batcher_there(tmp_path):
 
 @pytest.mark.parametrize("argv, match", [
     (["--cpu", "4096"], "--cpu must be one of this process's CPUs"),
+    (["--keep-awake"], "--keep-awake needs --cpu, the CPU to keep awake, got none"),
     (["--grid", "max_batch=4"], "--grid entries must look like NAME=V1,V2"),
     (["--grid", "load=a,b"], "--grid load must be floats"),
     (["--model", "tiny-gpt"], "--model must be one of"),
@@ -860,3 +864,71 @@ def test_validate_command_reports_bad_arguments_in_one_line(argv, match, capsys)
 
     assert main(["validate", *argv]) == 2
     assert match in capsys.readouterr().err
+
+
+# -- one CPU, kept awake ----------------------------------------------------------------
+
+def _within(seconds: float, condition) -> bool:
+    """Whether ``condition()`` comes true within ``seconds`` (polled every 50 ms)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _scheduling(pid: int) -> tuple[bool, list[int]]:
+    """Whether a process runs at ``SCHED_IDLE`` priority, and the CPUs it may run on."""
+    return os.sched_getscheduler(pid) == os.SCHED_IDLE, sorted(os.sched_getaffinity(pid))
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_kept_awake_spins_at_idle_priority_on_that_cpu_until_the_block_ends():
+    from batchsim.calibrate import kept_awake
+
+    cpu = max(os.sched_getaffinity(0))
+    ours = os.sched_getaffinity(0)
+    with kept_awake(cpu) as spinner:
+        # the spinner pins itself and lowers its class as it starts
+        assert _within(10.0, lambda: _scheduling(spinner.pid) == (True, [cpu]))
+        assert spinner.poll() is None
+    assert spinner.poll() is not None
+    assert os.sched_getaffinity(0) == ours        # this process stays where it was
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_kept_awake_spinner_ends_when_its_process_dies_without_closing_it():
+    """A bench killed mid-grid must not leave a CPU spinning: the spinner notices that
+    the process that started it is gone."""
+    cpu = max(os.sched_getaffinity(0))
+    script = textwrap.dedent(f"""
+        import os
+        from batchsim.calibrate import kept_awake
+        spinner = kept_awake({cpu}).__enter__()
+        print(spinner.pid, flush=True)
+        os._exit(0)                     # no clean-up, as if killed
+        """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr
+    pid = int(run.stdout.split()[0])
+    assert _within(10.0, lambda: _ended(pid))
+
+
+@pytest.mark.parametrize("cpu", [4096, -1])
+def test_kept_awake_refuses_a_cpu_this_process_may_not_use(cpu):
+    from batchsim.calibrate import kept_awake
+
+    with pytest.raises(ValueError, match=rf"--cpu must be one of this process's CPUs .* got {cpu}"):
+        with kept_awake(cpu, "--cpu"):
+            pass
