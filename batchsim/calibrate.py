@@ -840,17 +840,13 @@ BEHIND_MS = 1.0
 #: least ``SPEED_PROBE_MIN_REQUESTS`` requests, closed loop.
 SPEED_PROBE_BATCHES = 100
 SPEED_PROBE_MIN_REQUESTS = 2000
-#: A profile probe (``fidelity(probe_profile=True)``) times ``s(b)`` at the calibration's
-#: sizes for this long (s), as the calibration did for ``profile_s``.
-PROFILE_PROBE_S = 0.25
 
 
 def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(0.0, 1.0),
              load=(0.2, 0.5, 0.8), *, workload: Workload | None = None,
              n_requests: int = 2000, duration_s: float | None = None, seed: int = 0,
              repeat: bool = False, baseline: ServiceModel | None = None, device=None,
-             progress: bool = False, runs: list | None = None, probe_speed: bool = False,
-             probe_profile: bool = False):
+             progress: bool = False, runs: list | None = None, probe_speed: bool = False):
     """Real against simulated over max_batch_size x max_wait_ms x load: a DataFrame.
 
     ``load`` is a fraction of ``service.capacity_rps(max_batch_size)``; ``workload``
@@ -886,12 +882,7 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
     measured on the run itself rather than before it (``worker_time_ratio``), and
     ``speed_err_*`` columns are the errors of the simulator told that speed
     (``at_speed``): what is left when the machine's speed is taken out -- the mechanisms
-    the simulator misses, and the spread. ``probe_profile`` (a ``CalibratedService``):
-    right before each row's real run, ``s(b)`` timed again as the calibration timed it,
-    for ``PROFILE_PROBE_S``; ``profile_ratio`` is its median over sizes of the new time
-    over the calibration's, and ``probe_err_*`` columns are the errors of the simulator
-    told that speed: a prediction still, made before the run from a measurement of the
-    machine alone, not from the run's own batches.
+    the simulator misses, and the spread.
     """
     import pandas as pd
 
@@ -912,8 +903,6 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
         if probe_speed:
             speed["speed_ratio"] = (_speed_probe(model, policy.max_batch_size, device)
                                     / start_rps[policy.max_batch_size])
-        if probe_profile:
-            speed["profile_ratio"] = _profile_ratio(model, service, device)
         real, sim = run_pair(model, service, policy, traffic, n, seed, device=device)
         sim_late_ms = 1e3 * (sim.arrival_s - sim.meta["sent_s"])
         row = {"max_batch_size": policy.max_batch_size, "max_wait_ms": policy.max_wait_ms,
@@ -930,10 +919,6 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
             told = _simulate_schedule(real, policy,
                                      at_speed(service, row["worker_time_ratio"]), seed)
             row.update(_rel_errors("speed_err", real, told))
-        if probe_profile:
-            probed = _simulate_schedule(real, policy, at_speed(service, row["profile_ratio"]),
-                                        seed)
-            row.update(_rel_errors("probe_err", real, probed))
         recorded = simulate(Trace(real.arrival_s), policy, service, seed=seed)
         row.update(_rel_errors("rec_err", real, recorded))
         if baseline is not None:
@@ -962,26 +947,6 @@ def _speed_probe(model, max_batch_size: int, device) -> float:
     n = max(SPEED_PROBE_BATCHES * max_batch_size, SPEED_PROBE_MIN_REQUESTS)
     res = run_saturated(model, n, BatchPolicy(max_batch_size, math.inf), device=device)
     return res.summary()["throughput_rps"]
-
-
-def _profile_ratio(model, service: CalibratedService, device) -> float:
-    """How slow the machine runs ``model`` now against ``service``'s calibration: the
-    median over the calibration's sizes of ``s(b)`` timed now (``PROFILE_PROBE_S``) over
-    the calibration's ``s(b)``."""
-    from .real import profile_batcher, profile_model
-
-    if not isinstance(service, CalibratedService):
-        raise ValueError(f"probe_profile needs a CalibratedService, got "
-                         f"{type(service).__name__}")
-    sizes = list(service.model.batch_sizes)
-    if service.metadata.get("profile") == "batcher":
-        now = profile_batcher(model, sizes, device=device, repeats=1,
-                              min_duration_s=PROFILE_PROBE_S)
-    else:
-        now = profile_model(model, sizes, device=device, repeats=1, overhead=False,
-                            min_duration_s=PROFILE_PROBE_S)
-    return float(np.median(now.mean_ms(np.array(sizes)) / service.model.mean_ms(
-        np.array(sizes))))
 
 
 def resimulate(df, runs: list, service: ServiceModel, prefix: str = "recal_err") -> None:
@@ -1015,9 +980,7 @@ def fidelity_summary(df) -> dict:
     calibration (``resimulate``), ``median_abs_between_calibrations_*``: how far its
     prediction is from the first's, relative to the first's. ``median_abs_at_speed_*``:
     the simulator told each row's speed (``speed_err_*``); with ``worker_time_ratio``, its
-    5th and 95th percentiles over the rows; ``median_abs_probed_*``, told the speed of a
-    profile before each row (``probe_err_*``), with ``profile_ratio``'s 5th and 95th
-    percentiles. With ``speed_ratio``
+    5th and 95th percentiles over the rows. With ``speed_ratio``
     (``probe_speed``): its 5th and 95th percentiles over the rows, and the correlation
     of each row's p50 error with it (``speed_corr_err_latency_ms_p50``)."""
     out = {"configurations": len(df)}
@@ -1032,7 +995,7 @@ def fidelity_summary(df) -> dict:
                                                 if len(kept) else math.nan)
         for prefix, name in (("floor_err", "floor"), ("base_err", "base"),
                              ("rec_err", "recorded"), ("recal_err", "recalibrated"),
-                             ("speed_err", "at_speed"), ("probe_err", "probed")):
+                             ("speed_err", "at_speed")):
             if f"{prefix}_{metric}" in df:
                 out[f"median_abs_{name}_{metric}"] = float(df[f"{prefix}_{metric}"].abs()
                                                            .median())
@@ -1042,9 +1005,6 @@ def fidelity_summary(df) -> dict:
     if "worker_time_ratio" in df:
         out["worker_time_ratio_p5"], out["worker_time_ratio_p95"] = (
             float(q) for q in np.percentile(df["worker_time_ratio"], [5, 95]))
-    if "profile_ratio" in df:
-        out["profile_ratio_p5"], out["profile_ratio_p95"] = (
-            float(q) for q in np.percentile(df["profile_ratio"], [5, 95]))
     if "speed_ratio" in df:
         out["speed_ratio_p5"], out["speed_ratio_p95"] = (
             float(q) for q in np.percentile(df["speed_ratio"], [5, 95]))

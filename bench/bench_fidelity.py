@@ -180,9 +180,6 @@ def main() -> None:
                    help="a short saturated run before the grid and before each row: how "
                         "much faster or slower the machine served than at the start "
                         "(speed_ratio)")
-    p.add_argument("--probe-profile", action="store_true",
-                   help="time s(b) again right before each row and simulate the row at "
-                        "that speed too (profile_ratio, probe_err_*)")
     p.add_argument("--save-runs", default=None, metavar="PICKLE",
                    help="also pickle (gzipped) the calibrated service, its calibration runs "
                         "and each row's first real run, per arrival process (to take rows "
@@ -237,8 +234,7 @@ def main() -> None:
         df = fidelity(model, service, workload=shape, n_requests=1000, duration_s=duration_s,
                       seed=seed, repeat=True, baseline=service.model, progress=True,
                       device=args.device, runs=saved["runs"][name],
-                      probe_speed=args.probe_speed,
-                      probe_profile=args.probe_profile, **grid)
+                      probe_speed=args.probe_speed, **grid)
         frames[name] = df
         summary = report_workload(report, name, df)
         print(f"   median |error|: p50 {summary['median_abs_err_latency_ms_p50']:.1%} "
@@ -259,13 +255,6 @@ def main() -> None:
               f"the calibration's time, 5th-95th percentile): p50 "
               f"{summary['median_abs_at_speed_latency_ms_p50']:.1%}, p99 "
               f"{summary['median_abs_at_speed_latency_ms_p99']:.1%}", flush=True)
-        if args.probe_profile:
-            print(f"   told the speed s(b) was timed at right before each row (it took "
-                  f"{summary['profile_ratio_p5']:.2f}-{summary['profile_ratio_p95']:.2f}x the "
-                  f"calibration's time, 5th-95th percentile): p50 "
-                  f"{summary['median_abs_probed_latency_ms_p50']:.1%}, p99 "
-                  f"{summary['median_abs_probed_latency_ms_p99']:.1%}, throughput "
-                  f"{summary['median_abs_probed_throughput_rps']:.2%}", flush=True)
         if args.probe_speed:
             print(f"   the machine served {summary['speed_ratio_p5']:.2f}-"
                   f"{summary['speed_ratio_p95']:.2f}x as fast as at the start of the set "

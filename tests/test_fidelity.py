@@ -150,12 +150,11 @@ def test_bench_fidelity_saves_the_service_and_each_rows_real_run(tmp_path):
     """``bench_fidelity.py --save-runs``: what a GPU run brings back to be taken apart
     (the calibrations' own runs too);
     ``--recalibrate``: every row simulated with a second calibration too;
-    ``--probe-speed``: each row's machine speed against the start's;
-    ``--probe-profile``: against the calibration's, timed as it timed ``s(b)``."""
+    ``--probe-speed``: each row's machine speed against the start's."""
     subprocess.run([sys.executable, "bench/bench_fidelity.py", "--quick", "--duration-s",
                     "0.02", "--workloads", "poisson", "--out", str(tmp_path / "f.json"),
                     "--save-runs", str(tmp_path / "runs.pkl.gz"), "--recalibrate",
-                    "--probe-speed", "--probe-profile"],
+                    "--probe-speed"],
                    cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
                    capture_output=True, timeout=300)
     saved = pickle.loads(gzip.decompress((tmp_path / "runs.pkl.gz").read_bytes()))
@@ -176,7 +175,6 @@ def test_bench_fidelity_saves_the_service_and_each_rows_real_run(tmp_path):
         assert run["real"].summary()["throughput_rps"] == pytest.approx(
             row["real_throughput_rps"])
         assert np.isfinite(row["recal_err_latency_ms_p50"]) and row["speed_ratio"] > 0
-        assert row["profile_ratio"] > 0 and np.isfinite(row["probe_err_latency_ms_p50"])
     assert report["recalibration"]["kind"] == "calibrated"
     # Fitted again on its own runs, each calibration is itself: the fit is deterministic.
     for key, service in (("calibration_runs", saved["service"]),
@@ -237,43 +235,3 @@ def test_each_row_gets_its_probe_over_the_probe_made_at_the_start(service, monke
     # Without the probe: no column, no summary of it.
     assert not any(k.startswith("speed") for k in cal.fidelity_summary(
         df.drop(columns="speed_ratio")))
-
-
-def test_the_profile_probe_reads_how_slow_the_machine_runs_the_model_now(service):
-    """The calibration's ``s(b)`` of the sleeping model, made out to be twice as fast as
-    it is, reads back about 2 (a sleep never ends early; it overshoots by tens of µs on a
-    batch of 1.1-1.8 ms, which the calibration measured too)."""
-    from dataclasses import replace
-
-    from batchsim.calibrate import _profile_ratio
-
-    assert _profile_ratio(sleepy, service, None) == pytest.approx(1.0, abs=0.15)
-    s_b = service.model
-    halved = replace(service, model=bs.ProfileService(s_b.batch_sizes,
-                                                      tuple(t / 2 for t in s_b.times_ms)))
-    assert _profile_ratio(sleepy, halved, None) == pytest.approx(2.0, rel=0.15)
-
-
-def test_each_row_is_also_simulated_at_the_speed_its_profile_probe_read(service, monkeypatch):
-    """``probe_profile``: one probe right before each row's real run; the row simulated
-    at that speed gives its ``probe_err_*``, the same as ``at_speed`` by hand."""
-    import batchsim.calibrate as cal
-
-    ratios = iter([0.8, 1.25])
-    monkeypatch.setattr(cal, "_profile_ratio", lambda model, svc, device: next(ratios))
-    runs = []
-    df = fidelity(sleepy, service, max_batch_size=(8,), max_wait_ms=(0.0, 1.0), load=(0.5,),
-                  n_requests=300, seed=6, runs=runs, probe_profile=True)
-    assert df["profile_ratio"].tolist() == [0.8, 1.25]
-    for run, row in zip(runs, df.to_dict("records"), strict=True):
-        told = cal._simulate_schedule(run["real"], run["policy"],
-                                      at_speed(service, row["profile_ratio"]), run["seed"])
-        assert row["probe_err_latency_ms_p50"] == pytest.approx(
-            cal.compare(run["real"], told).table["rel_error"]["latency_ms_p50"])
-    # told a faster machine, shorter latencies than the calibration predicts; slower, longer
-    assert df["probe_err_latency_ms_p50"][0] < df["err_latency_ms_p50"][0]
-    assert df["probe_err_latency_ms_p50"][1] > df["err_latency_ms_p50"][1]
-    summary = cal.fidelity_summary(df)
-    assert summary["profile_ratio_p95"] == pytest.approx(np.percentile([0.8, 1.25], 95))
-    assert summary["median_abs_probed_latency_ms_p50"] == pytest.approx(
-        df["probe_err_latency_ms_p50"].abs().median())
