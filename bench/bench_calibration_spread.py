@@ -10,7 +10,9 @@ per length, how far apart their predictions are: the p50 and p99 that each predi
 the quick fidelity grid's configurations on the same Poisson arrivals (``simulate`` with
 the sender on the loop, as ``fidelity`` simulates), and each size's ``s(b)``. A longer
 profile averages over more batcher instances; if the calibrations then agree better,
-the profile was the part that moved.
+the profile was the part that moved. ``--duration-s`` compares the length of each of
+the ten runs instead (``calibrate``'s ``duration_s``, 0.5 s by default), the profile
+timed for 1 s: longer runs average the batcher's costs over more of the machine's moments.
 
 Run: ``python bench/bench_calibration_spread.py --device cuda --dtype bfloat16 --size
 default --model cnn --out ...`` on a GPU; ``.venv/bin/python
@@ -80,7 +82,10 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--profile-s", default="1,4",
                    help="comma-separated profile lengths (s) to compare (default 1,4)")
-    p.add_argument("--calibrations", type=int, default=4, help="per profile length")
+    p.add_argument("--duration-s", default=None,
+                   help="comma-separated lengths (s) of each calibration run to compare "
+                        "instead, profile_s 1")
+    p.add_argument("--calibrations", type=int, default=4, help="per length")
     p.add_argument("--quick", action="store_true", help="short runs: a smoke test")
     p.add_argument("--out", default=None, help="results JSON")
     add_machine_args(p)
@@ -91,7 +96,8 @@ def main() -> None:
     from batchsim.real import make_model
 
     model = make_model(args.model, device=args.device, dtype=args.dtype, size=args.size)
-    lengths = [float(x) for x in args.profile_s.split(",")]
+    varied = "duration_s" if args.duration_s else "profile_s"
+    lengths = [float(x) for x in (args.duration_s or args.profile_s).split(",")]
     extra = ({"n_requests": 200, "duration_s": 0.0, "timer_probes": 30, "repeats": 3}
              if args.quick else {})
     max_b = max(GRID["max_batch_size"])
@@ -101,8 +107,8 @@ def main() -> None:
     for k in range(args.calibrations):
         for length in lengths:
             start_s = time.perf_counter()
-            service = calibrate(model, max_b, profile_s=length, device=args.device,
-                                seed=0, **extra)
+            service = calibrate(model, max_b, device=args.device, seed=0,
+                                **{**extra, "profile_s": 1.0, varied: length})
             if rates_rps is None:   # the first calibration sets every rate, for all
                 rates_rps = {c: c[2] * service.capacity_rps(c[0])
                              for c in itertools.product(*GRID.values())}
@@ -111,13 +117,13 @@ def main() -> None:
                 "capacity_ratio": service.metadata["capacity_ratio"],
                 "calibrate_s": time.perf_counter() - start_s,
                 "predictions": predictions(service, rates_rps)})
-            print(f"[{k + 1}/{args.calibrations}] profile_s={length:g}: s(b) "
+            print(f"[{k + 1}/{args.calibrations}] {varied}={length:g}: s(b) "
                   f"{np.round(service.model.times_ms, 3).tolist()} ms, capacity "
                   f"{service.metadata['capacity_ratio']:.2f}x the measured", flush=True)
         if args.out:    # after every round, so that a run cut short keeps what it made
-            write(args, by_length, time.perf_counter() - t0)
+            write(args, varied, by_length, time.perf_counter() - t0)
     for length, s in summarize(by_length).items():
-        print(f"profile_s={length:g}: {s['calibrations']} calibrations predict p50s "
+        print(f"{varied}={length:g}: {s['calibrations']} calibrations predict p50s "
               f"{s['median_p50_spread']:.1%} apart, largest over smallest (median over "
               f"configurations; largest {s['max_p50_spread']:.1%}; coefficient of "
               f"variation {s['median_p50_cv']:.1%}), p99s {s['median_p99_spread']:.1%}; s(b) "
@@ -125,9 +131,10 @@ def main() -> None:
               flush=True)
 
 
-def write(args, by_length: dict, elapsed_s: float) -> None:
-    """The results JSON: the settings, the summary and every calibration's numbers."""
-    report = {"model": args.model, "size": args.size, "device": args.device,
+def write(args, varied: str, by_length: dict, elapsed_s: float) -> None:
+    """The results JSON: the settings, the summary and every calibration's numbers, by
+    the ``varied`` length."""
+    report = {"model": args.model, "size": args.size, "device": args.device, "varied": varied,
               "dtype": args.dtype, "nice": args.nice, "cpu": args.cpu, "quick": args.quick,
               "grid": GRID, "elapsed_s": elapsed_s,
               "summary": {f"{k:g}": v for k, v in summarize(by_length).items()},

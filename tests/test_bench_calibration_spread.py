@@ -28,13 +28,16 @@ def test_spreads_are_largest_over_smallest_per_configuration_and_size():
     assert s["s_b_spread"] == pytest.approx([0.5, 0.1])
 
 
-def test_quick_run_interleaves_the_lengths_and_writes_every_calibration(tmp_path):
+@pytest.mark.parametrize("varied", ["profile_s", "duration_s"])
+def test_quick_run_interleaves_the_lengths_and_writes_every_calibration(tmp_path, varied):
     out = tmp_path / "spread.json"
     subprocess.run([sys.executable, "bench/bench_calibration_spread.py", "--quick",
-                    "--calibrations", "2", "--profile-s", "0.05,0.1", "--out", str(out)],
+                    "--calibrations", "2", f"--{varied.replace('_', '-')}", "0.05,0.1",
+                    "--out", str(out)],
                    cwd=ROOT, check=True, capture_output=True, timeout=300,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
     report = json.loads(out.read_text())
+    assert report["varied"] == varied
     assert set(report["summary"]) == set(report["calibrations"]) == {"0.05", "0.1"}
     n_configs = len(GRID["max_batch_size"]) * len(GRID["max_wait_ms"]) * len(GRID["load"])
     for cals in report["calibrations"].values():
