@@ -846,7 +846,8 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
              load=(0.2, 0.5, 0.8), *, workload: Workload | None = None,
              n_requests: int = 2000, duration_s: float | None = None, seed: int = 0,
              repeat: bool = False, baseline: ServiceModel | None = None, device=None,
-             progress: bool = False, runs: list | None = None, probe_speed: bool = False):
+             progress: bool = False, runs: list | None = None, probe_speed: bool = False,
+             speed_history: list | None = None):
     """Real against simulated over max_batch_size x max_wait_ms x load: a DataFrame.
 
     ``load`` is a fraction of ``service.capacity_rps(max_batch_size)``; ``workload``
@@ -882,7 +883,14 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
     measured on the run itself rather than before it (``worker_time_ratio``), and
     ``speed_err_*`` columns are the errors of the simulator told that speed
     (``at_speed``): what is left when the machine's speed is taken out -- the mechanisms
-    the simulator misses, and the spread.
+    the simulator misses, and the spread. ``speed_history`` (a list, with a
+    ``CalibratedService``): the ``worker_time_ratio`` of the real runs made before this
+    grid, extended with each row's after the row. Each row is also simulated at the
+    median of the ratios before it (``tracked_ratio``; 1 when there are none), which gives
+    the ``tracked_err_*`` columns: a prediction still, since it uses only runs already
+    made -- the calibration's level kept up to date from the batcher's own recent
+    traffic, as a model next to a live server could be. Pass one list to every
+    ``fidelity`` call of a session to carry the level from one grid to the next.
     """
     import pandas as pd
 
@@ -919,6 +927,13 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
             told = _simulate_schedule(real, policy,
                                      at_speed(service, row["worker_time_ratio"]), seed)
             row.update(_rel_errors("speed_err", real, told))
+            if speed_history is not None:
+                row["tracked_ratio"] = (float(np.median(speed_history)) if speed_history
+                                        else 1.0)
+                tracked = _simulate_schedule(real, policy,
+                                             at_speed(service, row["tracked_ratio"]), seed)
+                row.update(_rel_errors("tracked_err", real, tracked))
+                speed_history.append(row["worker_time_ratio"])
         recorded = simulate(Trace(real.arrival_s), policy, service, seed=seed)
         row.update(_rel_errors("rec_err", real, recorded))
         if baseline is not None:
@@ -980,7 +995,8 @@ def fidelity_summary(df) -> dict:
     calibration (``resimulate``), ``median_abs_between_calibrations_*``: how far its
     prediction is from the first's, relative to the first's. ``median_abs_at_speed_*``:
     the simulator told each row's speed (``speed_err_*``); with ``worker_time_ratio``, its
-    5th and 95th percentiles over the rows. With ``speed_ratio``
+    5th and 95th percentiles over the rows; ``median_abs_tracked_*``, at the speed of the
+    runs before each row (``tracked_err_*``, ``speed_history``). With ``speed_ratio``
     (``probe_speed``): its 5th and 95th percentiles over the rows, and the correlation
     of each row's p50 error with it (``speed_corr_err_latency_ms_p50``)."""
     out = {"configurations": len(df)}
@@ -995,7 +1011,7 @@ def fidelity_summary(df) -> dict:
                                                 if len(kept) else math.nan)
         for prefix, name in (("floor_err", "floor"), ("base_err", "base"),
                              ("rec_err", "recorded"), ("recal_err", "recalibrated"),
-                             ("speed_err", "at_speed")):
+                             ("speed_err", "at_speed"), ("tracked_err", "tracked")):
             if f"{prefix}_{metric}" in df:
                 out[f"median_abs_{name}_{metric}"] = float(df[f"{prefix}_{metric}"].abs()
                                                            .median())

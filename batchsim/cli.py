@@ -357,7 +357,7 @@ def _validate(args, cal) -> int:
     df = cal.fidelity(model, service, workload=shape, n_requests=args.n_requests,
                       duration_s=args.duration_s, seed=args.seed, repeat=args.repeat,
                       device=args.device, progress=True, runs=runs,
-                      probe_speed=args.probe_speed, **grid)
+                      probe_speed=args.probe_speed, speed_history=[], **grid)
     if args.recalibrate:
         print(f"calibrating {model.zoo_name} again, after the grid ...", flush=True)
         cal.resimulate(df, runs, cal.calibrate(model, max(grid["max_batch_size"]),
@@ -388,6 +388,9 @@ def _validate(args, cal) -> int:
               f"percentile): " + ", ".join(
                   f"{m.removeprefix('latency_ms_')} {summary[f'median_abs_at_speed_{m}']:.1%}"
                   for m in headline))
+        print("at the speed the rows before each ran at (tracked): " + ", ".join(
+            f"{m.removeprefix('latency_ms_')} {summary[f'median_abs_tracked_{m}']:.1%}"
+            for m in headline))
     if args.recalibrate:
         print("with the calibration made after the grid: " + ", ".join(
             f"{m.removeprefix('latency_ms_')} {summary[f'median_abs_recalibrated_{m}']:.1%}"

@@ -12,7 +12,10 @@ at p50 and p99, and the arrival sets whose median |p50 error| falls or rises.
 ``--told-speed`` simulates each row at the speed its own batches ran: a machine that
 drifts between the calibration and the rows moves every row's error one way, so that a
 change which moves the predictions the other way looks better or worse than its
-mechanism is; told the speed, the tally sees the mechanism.
+mechanism is; told the speed, the tally sees the mechanism. ``--tracked`` simulates each
+row at the median speed of the rows run before it, over the arrival sets in order
+(``fidelity``'s ``tracked_err_*``): against a file made without it, the tally says what
+keeping the calibration's level up to date from runs already made buys.
 
 Run: ``PYTHONPATH=<a checkout of the previous commit> .venv/bin/python
 bench/bench_row_errors.py RUNS.pkl.gz ... --out before.json``, the same with this
@@ -30,21 +33,28 @@ from bench_fidelity import load_saved_runs, write_report
 from bench_refit import row_errors as refit_row_errors
 
 
-def row_errors(saved: dict, told_speed: bool = False) -> dict:
+def row_errors(saved: dict, told_speed: bool = False, tracked: bool = False) -> dict:
     """Per arrival set, each row's ``[p50, p99]`` relative error (simulated over real,
     less 1, as ``bench_refit.row_errors`` measures it), with the saved calibration
     refitted on its Poisson calibration runs; ``told_speed``: each row simulated at the
     speed its own batches ran (``at_speed`` by ``worker_time_ratio``), which takes the
-    machine's drift since the calibration out of the comparison."""
+    machine's drift since the calibration out of the comparison; ``tracked``: each row
+    at the median speed of the rows before it (the first at the calibration's own)."""
     from batchsim.calibrate import at_speed, refit, worker_time_ratio
 
+    if told_speed and tracked:
+        raise ValueError("told_speed and tracked exclude each other")
     poisson = [r for r in saved["calibration_runs"] if r.meta["workload"].startswith("Poisson")]
     service = refit(saved["service"], poisson)
-    errors = {}
+    errors, history = {}, []
     for name, runs in saved["runs"].items():
-        if told_speed:
-            rows = [refit_row_errors(at_speed(service, worker_time_ratio(service, run["real"])),
-                                     [run]) for run in runs]
+        if told_speed or tracked:
+            rows = []
+            for run in runs:
+                own = worker_time_ratio(service, run["real"])
+                ratio = own if told_speed else float(np.median(history)) if history else 1.0
+                rows.append(refit_row_errors(at_speed(service, ratio), [run]))
+                history.append(own)
             e = {m: [row[m][0] for row in rows] for m in ("latency_ms_p50", "latency_ms_p99")}
         else:
             e = refit_row_errors(service, runs)
@@ -83,8 +93,12 @@ def main() -> None:
                    help="two files this bench wrote: tally them instead")
     p.add_argument("--told-speed", action="store_true",
                    help="simulate each row at the speed its own batches ran")
+    p.add_argument("--tracked", action="store_true",
+                   help="simulate each row at the median speed of the rows before it")
     p.add_argument("--out", default=None, help="also write the result as JSON")
     args = p.parse_args()
+    if args.told_speed and args.tracked:
+        p.error("--told-speed and --tracked exclude each other")
     if args.compare:
         import json
 
@@ -95,9 +109,8 @@ def main() -> None:
                   f"p99 {t['p99'][0]} / {t['p99'][1]}; median |p50| fell / rose / stayed "
                   f"in {' / '.join(map(str, t['median_p50']))} sets")
     else:
-        report = {Path(f).name.removesuffix(".pkl.gz"): row_errors(load_saved_runs(f),
-                                                                   args.told_speed)
-                  for f in args.runs}
+        report = {Path(f).name.removesuffix(".pkl.gz"): row_errors(
+            load_saved_runs(f), args.told_speed, args.tracked) for f in args.runs}
         for grid, sets in report.items():
             print(grid + ": " + ", ".join(
                 f"{name} median |p50| {np.median(np.abs(np.array(rows)[:, 0])):.1%}"

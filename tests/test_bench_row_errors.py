@@ -54,6 +54,24 @@ def test_rows_that_ran_at_other_speeds_come_out_exact_when_told_their_speed():
     assert np.median(np.abs(told), axis=0) == pytest.approx([0, 0], abs=1e-12)
 
 
+def test_tracked_rows_run_at_the_speed_of_the_rows_before_them():
+    """Every row ran 20% slower than the calibration: the first, simulated at the
+    calibration's own speed, is off; each later one, at the median of those before it,
+    is exact. Told-the-speed and tracked cannot be asked together."""
+    saved = poisson_saved_runs()
+    truth = costly_service(idle_ms=(), wake_ms=())
+    for row in saved["runs"]["poisson"]:
+        due_s = row["real"].meta["scheduled_s"]
+        row["real"] = bs.simulate(bs.Trace(due_s), row["policy"], at_speed(truth, 1.2),
+                                  seed=row["seed"], sender="loop")
+        row["real"].meta["scheduled_s"] = due_s
+    tracked = np.abs(np.array(row_errors(saved, tracked=True)["poisson"]))
+    assert tracked[0, 0] > 0.01
+    assert tracked[1:] == pytest.approx(np.zeros((3, 2)), abs=1e-12)
+    with pytest.raises(ValueError, match="exclude each other"):
+        row_errors(saved, told_speed=True, tracked=True)
+
+
 def test_the_tally_counts_rows_and_sets_per_model():
     before = {"grid_mlp": {"a": [[0.1, 0.2], [-0.3, 0.1], [0.05, 0.0]]},
               "grid_cnn": {"a": [[0.1, 0.1]], "b": [[0.2, 0.2]]}}

@@ -235,3 +235,38 @@ def test_each_row_gets_its_probe_over_the_probe_made_at_the_start(service, monke
     # Without the probe: no column, no summary of it.
     assert not any(k.startswith("speed") for k in cal.fidelity_summary(
         df.drop(columns="speed_ratio")))
+
+
+def test_each_row_is_also_simulated_at_the_speed_the_rows_before_it_ran(service):
+    """``speed_history``: each row simulated at the median ratio of the runs before it
+    (those given, then the grid's own), and the list extended with each row's."""
+    import batchsim.calibrate as cal
+
+    history = [1.3, 0.9, 1.1]
+    runs = []
+    df = fidelity(sleepy, service, max_batch_size=(8,), max_wait_ms=(0.0, 1.0), load=(0.5,),
+                  n_requests=300, seed=7, runs=runs, speed_history=history)
+    first, second = df["worker_time_ratio"].tolist()
+    assert history == [1.3, 0.9, 1.1, first, second]
+    assert df["tracked_ratio"].tolist() == pytest.approx([1.1, np.median([1.3, 0.9, 1.1,
+                                                                           first])])
+    for run, row in zip(runs, df.to_dict("records"), strict=True):
+        tracked = cal._simulate_schedule(run["real"], run["policy"],
+                                         at_speed(service, row["tracked_ratio"]), run["seed"])
+        assert row["tracked_err_latency_ms_p99"] == pytest.approx(
+            cal.compare(run["real"], tracked).table["rel_error"]["latency_ms_p99"])
+    assert cal.fidelity_summary(df)["median_abs_tracked_latency_ms_p50"] == pytest.approx(
+        df["tracked_err_latency_ms_p50"].abs().median())
+
+
+def test_with_no_runs_before_it_a_row_is_tracked_at_the_calibrations_own_speed(service):
+    import batchsim.calibrate as cal
+
+    df = fidelity(sleepy, service, max_batch_size=(8,), max_wait_ms=(1.0,), load=(0.5,),
+                  n_requests=300, seed=8, speed_history=[])
+    assert df["tracked_ratio"].tolist() == [1.0]
+    for metric in cal.METRICS:
+        assert df[f"tracked_err_{metric}"].tolist() == df[f"err_{metric}"].tolist()
+    plain = fidelity(sleepy, service, max_batch_size=(8,), max_wait_ms=(1.0,), load=(0.5,),
+                     n_requests=300, seed=8)
+    assert not any(c.startswith("tracked") for c in plain.columns)
