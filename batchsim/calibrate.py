@@ -928,8 +928,7 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
                                      at_speed(service, row["worker_time_ratio"]), seed)
             row.update(_rel_errors("speed_err", real, told))
             if speed_history is not None:
-                row["tracked_ratio"] = (float(np.median(speed_history)) if speed_history
-                                        else 1.0)
+                row["tracked_ratio"] = tracked_ratio(speed_history)
                 tracked = _simulate_schedule(real, policy,
                                              at_speed(service, row["tracked_ratio"]), seed)
                 row.update(_rel_errors("tracked_err", real, tracked))
@@ -953,6 +952,12 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
                   + (f" (real vs real: p50 {row['floor_err_latency_ms_p50']:+.1%}, p99 "
                      f"{row['floor_err_latency_ms_p99']:+.1%})" if repeat else ""), flush=True)
     return pd.DataFrame(rows)
+
+
+def tracked_ratio(speed_history) -> float:
+    """The speed ``fidelity`` tracks a row at: the median ``worker_time_ratio`` of the
+    real runs before it, or 1 (the calibration's own speed) before any."""
+    return float(np.median(speed_history)) if len(speed_history) else 1.0
 
 
 def _speed_probe(model, max_batch_size: int, device) -> float:

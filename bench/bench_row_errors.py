@@ -40,7 +40,7 @@ def row_errors(saved: dict, told_speed: bool = False, tracked: bool = False) -> 
     speed its own batches ran (``at_speed`` by ``worker_time_ratio``), which takes the
     machine's drift since the calibration out of the comparison; ``tracked``: each row
     at the median speed of the rows before it (the first at the calibration's own)."""
-    from batchsim.calibrate import at_speed, refit, worker_time_ratio
+    from batchsim.calibrate import at_speed, refit, tracked_ratio, worker_time_ratio
 
     if told_speed and tracked:
         raise ValueError("told_speed and tracked exclude each other")
@@ -52,7 +52,7 @@ def row_errors(saved: dict, told_speed: bool = False, tracked: bool = False) -> 
             rows = []
             for run in runs:
                 own = worker_time_ratio(service, run["real"])
-                ratio = own if told_speed else float(np.median(history)) if history else 1.0
+                ratio = own if told_speed else tracked_ratio(history)
                 rows.append(refit_row_errors(at_speed(service, ratio), [run]))
                 history.append(own)
             e = {m: [row[m][0] for row in rows] for m in ("latency_ms_p50", "latency_ms_p99")}
