@@ -836,6 +836,13 @@ def _simulate_schedule(real: RunResult, policy: BatchPolicy, service: ServiceMod
 #: by more than this at p99: one tick of asyncio's millisecond timer grid, the most a
 #: generator that keeps up is late by (it wakes on that grid).
 BEHIND_MS = 1.0
+#: ``fidelity`` tracks the machine's level from the speeds of this many real runs made
+#: before each row (their median, ``tracked_ratio``). The speed wanders, so recent runs
+#: say more: over 55 saved one-CPU grids the median of the last five missed a row's own
+#: speed by 0.90x as much as the median of every run before (median |log| 2.9% against
+#: 3.3%) and came closer in 41 of the grids; the last run alone did as well at the median
+#: but moves with each row's own noise (``bench/bench_tracked_level.py``).
+TRACKED_RUNS = 5
 #: A speed probe (``fidelity(probe_speed=True)``) serves this many full batches, and at
 #: least ``SPEED_PROBE_MIN_REQUESTS`` requests, closed loop.
 SPEED_PROBE_BATCHES = 100
@@ -886,7 +893,8 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
     the simulator misses, and the spread. ``speed_history`` (a list, with a
     ``CalibratedService``): the ``worker_time_ratio`` of the real runs made before this
     grid, extended with each row's after the row. Each row is also simulated at the
-    median of the ratios before it (``tracked_ratio``; 1 when there are none), which gives
+    median of the last ``TRACKED_RUNS`` ratios before it (``tracked_ratio``; 1 when there
+    are none), which gives
     the ``tracked_err_*`` columns: a prediction still, since it uses only runs already
     made -- the calibration's level kept up to date from the batcher's own recent
     traffic, as a model next to a live server could be. Pass one list to every
@@ -954,9 +962,13 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
     return pd.DataFrame(rows)
 
 
-def tracked_ratio(speed_history) -> float:
+def tracked_ratio(speed_history, kept: int | None = TRACKED_RUNS) -> float:
     """The speed ``fidelity`` tracks a row at: the median ``worker_time_ratio`` of the
-    real runs before it, or 1 (the calibration's own speed) before any."""
+    last ``kept`` real runs before it (None: all of them), or 1 (the calibration's own
+    speed) before any."""
+    if kept is not None:
+        kept = _check.positive_int("kept", kept)
+        speed_history = speed_history[-kept:]
     return float(np.median(speed_history)) if len(speed_history) else 1.0
 
 

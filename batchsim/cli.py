@@ -388,7 +388,7 @@ def _validate(args, cal) -> int:
               f"percentile): " + ", ".join(
                   f"{m.removeprefix('latency_ms_')} {summary[f'median_abs_at_speed_{m}']:.1%}"
                   for m in headline))
-        print("at the speed the rows before each ran at (tracked): " + ", ".join(
+        print("at the speed the last rows before each ran at (tracked): " + ", ".join(
             f"{m.removeprefix('latency_ms_')} {summary[f'median_abs_tracked_{m}']:.1%}"
             for m in headline))
     if args.recalibrate:

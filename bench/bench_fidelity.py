@@ -49,10 +49,11 @@ speed drifts over minutes moves a calibration, and with it every prediction, by 
 two runs a few seconds apart differ (the ``floor``). The two calibrations bracket the
 grid; how far their predictions differ (``median_abs_between_calibrations_*``) is the
 calibration's own reproducibility.
-Every row is also simulated at the median speed the rows before it ran at, over the
-arrival sets in order (``tracked_err_*``, ``fidelity(speed_history=)``): the
-calibration's level kept up to date from runs already made. ``--keep-awake`` keeps
-``--cpu`` out of its idle state (``batchsim.calibrate.kept_awake``).
+Every row is also simulated at the median speed the last rows before it ran at, over
+the arrival sets in order (``tracked_err_*``, ``fidelity(speed_history=)``,
+``TRACKED_RUNS``): the calibration's level kept up to date from runs already made.
+``--keep-awake`` keeps ``--cpu`` out of its idle state
+(``batchsim.calibrate.kept_awake``).
 """
 
 from __future__ import annotations
@@ -259,7 +260,7 @@ def main() -> None:
               f"{summary['worker_time_ratio_p5']:.2f}-{summary['worker_time_ratio_p95']:.2f}x "
               f"the calibration's time, 5th-95th percentile): p50 "
               f"{summary['median_abs_at_speed_latency_ms_p50']:.1%}, p99 "
-              f"{summary['median_abs_at_speed_latency_ms_p99']:.1%}; at the speed of the rows "
+              f"{summary['median_abs_at_speed_latency_ms_p99']:.1%}; at the speed of the last rows "
               f"before each (tracked): p50 {summary['median_abs_tracked_latency_ms_p50']:.1%}, "
               f"p99 {summary['median_abs_tracked_latency_ms_p99']:.1%}", flush=True)
         if args.probe_speed:

@@ -13,9 +13,10 @@ at p50 and p99, and the arrival sets whose median |p50 error| falls or rises.
 drifts between the calibration and the rows moves every row's error one way, so that a
 change which moves the predictions the other way looks better or worse than its
 mechanism is; told the speed, the tally sees the mechanism. ``--tracked`` simulates each
-row at the median speed of the rows run before it, over the arrival sets in order
-(``fidelity``'s ``tracked_err_*``): against a file made without it, the tally says what
-keeping the calibration's level up to date from runs already made buys.
+row at the median speed of the last few rows run before it, over the arrival sets in
+order (``fidelity``'s ``tracked_err_*``, ``batchsim.calibrate.tracked_ratio``): against
+a file made without it, the tally says what keeping the calibration's level up to date
+from runs already made buys.
 
 Run: ``PYTHONPATH=<a checkout of the previous commit> .venv/bin/python
 bench/bench_row_errors.py RUNS.pkl.gz ... --out before.json``, the same with this
@@ -39,7 +40,8 @@ def row_errors(saved: dict, told_speed: bool = False, tracked: bool = False) -> 
     refitted on its Poisson calibration runs; ``told_speed``: each row simulated at the
     speed its own batches ran (``at_speed`` by ``worker_time_ratio``), which takes the
     machine's drift since the calibration out of the comparison; ``tracked``: each row
-    at the median speed of the rows before it (the first at the calibration's own)."""
+    at the median speed of the last ``TRACKED_RUNS`` rows before it (the first at the
+    calibration's own)."""
     from batchsim.calibrate import at_speed, refit, tracked_ratio, worker_time_ratio
 
     if told_speed and tracked:
@@ -94,7 +96,7 @@ def main() -> None:
     p.add_argument("--told-speed", action="store_true",
                    help="simulate each row at the speed its own batches ran")
     p.add_argument("--tracked", action="store_true",
-                   help="simulate each row at the median speed of the rows before it")
+                   help="simulate each row at the median speed of the last rows before it")
     p.add_argument("--out", default=None, help="also write the result as JSON")
     args = p.parse_args()
     if args.told_speed and args.tracked:

@@ -238,17 +238,20 @@ def test_each_row_gets_its_probe_over_the_probe_made_at_the_start(service, monke
 
 
 def test_each_row_is_also_simulated_at_the_speed_the_rows_before_it_ran(service):
-    """``speed_history``: each row simulated at the median ratio of the runs before it
-    (those given, then the grid's own), and the list extended with each row's."""
+    """``speed_history``: each row simulated at the median ratio of the last
+    ``TRACKED_RUNS`` runs before it (those given, then the grid's own), and the list
+    extended with each row's."""
     import batchsim.calibrate as cal
 
-    history = [1.3, 0.9, 1.1]
+    assert cal.TRACKED_RUNS == 5
+    history = [1.3, 0.9, 1.1, 1.5, 0.7, 1.2]
     runs = []
     df = fidelity(sleepy, service, max_batch_size=(8,), max_wait_ms=(0.0, 1.0), load=(0.5,),
                   n_requests=300, seed=7, runs=runs, speed_history=history)
     first, second = df["worker_time_ratio"].tolist()
-    assert history == [1.3, 0.9, 1.1, first, second]
-    assert df["tracked_ratio"].tolist() == pytest.approx([1.1, np.median([1.3, 0.9, 1.1,
+    assert history == [1.3, 0.9, 1.1, 1.5, 0.7, 1.2, first, second]
+    # The 1.3 is no longer kept: the median of all six would be 1.15.
+    assert df["tracked_ratio"].tolist() == pytest.approx([1.1, np.median([1.1, 1.5, 0.7, 1.2,
                                                                            first])])
     for run, row in zip(runs, df.to_dict("records"), strict=True):
         tracked = cal._simulate_schedule(run["real"], run["policy"],
@@ -257,6 +260,18 @@ def test_each_row_is_also_simulated_at_the_speed_the_rows_before_it_ran(service)
             cal.compare(run["real"], tracked).table["rel_error"]["latency_ms_p99"])
     assert cal.fidelity_summary(df)["median_abs_tracked_latency_ms_p50"] == pytest.approx(
         df["tracked_err_latency_ms_p50"].abs().median())
+
+
+def test_the_tracked_speed_is_the_median_of_the_runs_it_keeps():
+    from batchsim.calibrate import tracked_ratio
+
+    assert tracked_ratio([1.3, 0.9, 1.1, 1.0], kept=2) == pytest.approx(1.05)
+    assert tracked_ratio([1.3, 0.9, 1.1, 1.0], kept=None) == pytest.approx(1.05)
+    assert tracked_ratio([1.3, 0.9, 1.1, 1.0], kept=3) == pytest.approx(1.0)
+    assert tracked_ratio([], kept=3) == 1.0
+    for kept in (0, -1, 2.5):
+        with pytest.raises(ValueError, match=f"kept.*{kept}"):
+            tracked_ratio([1.0], kept=kept)
 
 
 def test_with_no_runs_before_it_a_row_is_tracked_at_the_calibrations_own_speed(service):
