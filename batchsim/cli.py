@@ -8,7 +8,6 @@ Bad arguments print one line, ``batchsim: error: ...``, and exit with code 2.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import sys
@@ -267,10 +266,11 @@ def _args_validate(p):
                    help="run on this one CPU, so that the event loop and the batcher's "
                    "worker share it in the calibration and in every run (default: wherever "
                    "the OS puts them, which can differ from run to run)")
-    p.add_argument("--keep-awake", action="store_true",
+    p.add_argument("--keep-awake", action=argparse.BooleanOptionalAction, default=None,
                    help="keep --cpu out of its idle state while it all runs: a process "
                    "spins there at the lowest priority, so that a batch after a pause does "
-                   "not wait for a virtual machine's CPU to come back (Linux)")
+                   "not wait for a virtual machine's CPU to come back (Linux; the default "
+                   "with --cpu, --no-keep-awake to let it idle)")
     p.add_argument("--duration-s", type=float, default=1.0, help="seconds of traffic a run")
     p.add_argument("-n", "--n-requests", type=int, default=1000, help="at least this many")
     p.add_argument("--seed", type=int, default=1, help="seed of the arrivals (calibration "
@@ -314,11 +314,10 @@ def _grid(entries) -> dict:
 def _run_validate(args) -> int:
     from . import calibrate as cal
 
-    if args.keep_awake and args.cpu is None:
-        raise ValueError("--keep-awake needs --cpu, the CPU to keep awake, got none")
+    awake = cal.awake_when_pinned(args.cpu, args.keep_awake, "--cpu", "--keep-awake")
     if args.cpu is not None:  # before any thread starts: the batcher's threads inherit it
         cal.run_on_one_cpu(args.cpu, "--cpu")
-    with cal.kept_awake(args.cpu, "--cpu") if args.keep_awake else contextlib.nullcontext():
+    with awake:
         return _validate(args, cal)
 
 

@@ -52,8 +52,9 @@ calibration's own reproducibility.
 Every row is also simulated at the median speed the last rows before it ran at, over
 the arrival sets in order (``tracked_err_*``, ``fidelity(speed_history=)``,
 ``TRACKED_RUNS``): the calibration's level kept up to date from runs already made.
-``--keep-awake`` keeps ``--cpu`` out of its idle state
-(``batchsim.calibrate.kept_awake``).
+With ``--cpu`` the bench keeps that CPU out of its idle state
+(``batchsim.calibrate.awake_when_pinned``); ``--no-keep-awake`` lets it idle, as the
+grids before that default did.
 """
 
 from __future__ import annotations
@@ -91,19 +92,25 @@ def workloads() -> dict:
             "bursty": (bs.Bursty(4.0, 0.25, 0.02, 0.06), 3)}
 
 
-def add_machine_args(p: argparse.ArgumentParser) -> None:
-    """``--nice`` and ``--cpu``: how the bench keeps the machine's noise out."""
+def add_machine_args(p: argparse.ArgumentParser, awake_by_default: bool = False) -> None:
+    """``--nice``, ``--cpu`` and ``--keep-awake``: how the bench keeps the machine's noise
+    out. ``awake_by_default``: ``--cpu`` is kept awake unless ``--no-keep-awake`` (the
+    fidelity bench's default, ``batchsim.calibrate.awake_when_pinned``); else only with
+    ``--keep-awake``."""
     p.add_argument("--nice", type=int, default=0, help="os.nice increment (negative: root)")
     p.add_argument("--cpu", type=int, default=None,
                    help="run on this one CPU (the event loop and the batcher's worker share "
                         "it; default: wherever the OS puts them)")
-    p.add_argument("--keep-awake", action="store_true",
+    p.add_argument("--keep-awake", action=argparse.BooleanOptionalAction,
+                   default=None if awake_by_default else False,
                    help="keep --cpu out of its idle state: a process spins there at the "
-                        "lowest priority (batchsim.calibrate.kept_awake)")
+                        "lowest priority (batchsim.calibrate.kept_awake)"
+                        + ("; the default with --cpu" if awake_by_default else ""))
 
 
 def settle_machine(args):
-    """Apply ``--nice`` and ``--cpu``, then load torch with one thread; returns torch.
+    """Apply ``--nice``, ``--cpu`` and ``--keep-awake``, then load torch with one thread;
+    returns torch.
 
     Before any thread starts (threads inherit the CPU) and before torch loads: tiny
     models want one thread, and the environment variable reaches the worker threads too
@@ -115,12 +122,14 @@ def settle_machine(args):
         from batchsim.calibrate import run_on_one_cpu
 
         run_on_one_cpu(args.cpu, "--cpu")
-    if args.keep_awake:
-        from batchsim.calibrate import kept_awake
+    from batchsim.calibrate import awake_when_pinned
 
-        if args.cpu is None:
-            raise SystemExit("--keep-awake needs --cpu: the CPU to keep awake")
-        _AWAKE.enter_context(kept_awake(args.cpu, "--cpu"))
+    try:
+        awake = awake_when_pinned(args.cpu, args.keep_awake, "--cpu", "--keep-awake")
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    spinner = _AWAKE.enter_context(awake)
+    args.keep_awake = spinner is not None  # what was done, for the results file
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
@@ -176,7 +185,7 @@ def main() -> None:
     p.add_argument("--profile", default="auto", choices=["auto", "model", "batcher"],
                    help="how calibrate times s(b) (default %(default)s: through the batcher "
                         "on CUDA, the model alone elsewhere)")
-    add_machine_args(p)
+    add_machine_args(p, awake_by_default=True)
     p.add_argument("--out", default=str(RESULTS), help="results JSON (default %(default)s)")
     p.add_argument("--recalibrate", action="store_true",
                    help="calibrate again after the grid and simulate every row with that "

@@ -813,11 +813,12 @@ def test_validate_command_writes_the_table_and_the_plot(tmp_path, capsys):
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="CPU affinity is Linux's")
-@pytest.mark.parametrize("awake", [[], ["--keep-awake"]])
+@pytest.mark.parametrize("awake", [[], ["--no-keep-awake"]])
 def test_validate_on_one_cpu_runs_the_batcher_there(tmp_path, awake):
     """``--cpu``: the process is pinned before the batcher starts, so its worker runs on
-    that CPU too (with ``--keep-awake``, beside the spinner that keeps it awake). In a
-    subprocess: pinning this one would pin the rest of the tests."""
+    that CPU too (by default beside the spinner that keeps it awake; with
+    ``--no-keep-awake``, alone). In a subprocess: pinning this one would pin the rest of
+    the tests."""
     cal = CalibratedService(bs.AffineService(0.1, 0.002), 0.05, 0.002, (0.9, 1.0, 1.3),
                             BatcherCosts(0.02, 0.02, 0.0, 1.0, 0.1))
     cal.save(tmp_path / "cal.json")
@@ -827,20 +828,27 @@ def test_validate_on_one_cpu_runs_the_batcher_there(tmp_path, awake):
         import batchsim.cli
         from batchsim.real import models
 
-        seen, make = set(), models.make_model
+        seen, spinning, make = set(), set(), models.make_model
+
+        def spinners():  # this process's children at SCHED_IDLE priority
+            pid = os.getpid()
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = [int(c) for c in f.read().split()]
+            return [c for c in children if os.sched_getscheduler(c) == os.SCHED_IDLE]
 
         def spied(*args, **kwargs):  # the zoo model, noting where each batch runs
             model = make(*args, **kwargs)
             forward = model.forward
             def forward_noting_cpus(x):
                 seen.update(os.sched_getaffinity(0))
+                spinning.add(bool(spinners()))
                 return forward(x)
             model.forward = forward_noting_cpus
             return model
 
         models.make_model = spied
         code = batchsim.cli.main(sys.argv[1:])
-        print("worker CPUs", sorted(seen))
+        print("worker CPUs", sorted(seen), "spinner", sorted(spinning))
         sys.exit(code)
         """)
     run = subprocess.run([sys.executable, "-c", script, "validate", "--model", "tiny-mlp",
@@ -849,7 +857,7 @@ def test_validate_on_one_cpu_runs_the_batcher_there(tmp_path, awake):
                           "0.05", "-n", "200", "--cpu", str(cpu), *awake],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert f"worker CPUs [{cpu}]" in run.stdout
+    assert f"worker CPUs [{cpu}] spinner [{not awake}]" in run.stdout
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -932,3 +940,21 @@ def test_kept_awake_refuses_a_cpu_this_process_may_not_use(cpu):
     with pytest.raises(ValueError, match=rf"--cpu must be one of this process's CPUs .* got {cpu}"):
         with kept_awake(cpu, "--cpu"):
             pass
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_a_pinned_check_keeps_its_cpu_awake_unless_told_not_to():
+    """``awake_when_pinned``: a given CPU is kept awake by default and with True; False,
+    or no CPU, leaves the machine as it is; True without a CPU is refused."""
+    from batchsim.calibrate import awake_when_pinned
+
+    cpu = max(os.sched_getaffinity(0))
+    for keep_awake in (None, True):
+        with awake_when_pinned(cpu, keep_awake) as spinner:
+            assert _within(10.0, lambda: _scheduling(spinner.pid) == (True, [cpu]))
+        assert spinner.poll() is not None
+    for cpu_given, keep_awake in ((cpu, False), (None, None), (None, False)):
+        with awake_when_pinned(cpu_given, keep_awake) as spinner:
+            assert spinner is None
+    with pytest.raises(ValueError, match="--keep-awake needs --cpu, the CPU to keep awake"):
+        awake_when_pinned(None, True, "--cpu", "--keep-awake")
