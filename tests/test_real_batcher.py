@@ -425,7 +425,9 @@ def test_lifecycle_errors():
         DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0), pipeline="yes")
 
 
-def test_warmup_runs_a_full_batch_of_zeros_per_worker_before_the_clock(pipeline):
+def test_warmup_runs_a_batch_of_zeros_of_every_size_per_worker_before_the_clock(pipeline):
+    """Each worker runs sizes 4, 3, 2, 1 (a shape's first run is the slow one), one
+    worker after another."""
     model = Affine()
 
     async def main():
@@ -437,25 +439,32 @@ def test_warmup_runs_a_full_batch_of_zeros_per_worker_before_the_clock(pipeline)
         return warm, ys, b.result()
 
     warm, ys, res = run(main())
-    assert warm == [4, 4, 4] and torch.equal(torch.cat(model.seen[:3]), torch.zeros(12, 4))
+    assert warm == [4, 3, 2, 1] * 3
+    assert torch.equal(torch.cat(model.seen[:12]), torch.zeros(30, 4))
     assert torch.equal(torch.stack(ys), 2 * inputs(6) + 1)
     assert res.size.sum() == 6 and (res.arrival_s >= 0).all()  # warm-up is not in the run
 
 
 def test_warmup_tolerates_a_model_that_refuses_zeros(pipeline):
+    """The first size that fails ends the warm-up (its halves were retried, down to one
+    row): the smaller sizes are not tried."""
+    calls = []
+
     def picky(x):
+        calls.append(len(x))
         if not x.any():
             raise ArithmeticError("all zeros")
         return x
 
     async def main():
-        b = await DynamicBatcher(picky, bs.BatchPolicy(2, 0.0), input_spec=SPEC,
+        b = await DynamicBatcher(picky, bs.BatchPolicy(4, 0.0), input_spec=SPEC,
                                  pipeline=pipeline).start(warmup=True)
         y = await b.submit(torch.ones(4))
         await b.close()
         return y
 
     assert torch.equal(run(main()), torch.ones(4))
+    assert calls == [4, 2, 1, 1, 2, 1, 1, 1]  # the warm-up of size 4, then the request
 
 
 def test_each_batch_records_when_it_was_picked_up_staged_and_launched(pipeline):

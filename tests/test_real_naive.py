@@ -71,3 +71,19 @@ def test_polled_driver_fails_a_whole_batch_when_the_model_raises():
     res = run_saturated(InferenceBatcher(fragile, 4, 1.0), 12, inputs=torch.ones(3, 2))
     s = res.summary()
     assert s["n_failed"] > 0 and s["n_completed"] + s["n_failed"] == 12
+
+
+def test_polled_driver_warms_up_on_every_batch_size_before_the_clock():
+    """As the DynamicBatcher does: zeros of every size, the largest first, then the run."""
+    from batchsim.real import InputSpec
+
+    seen = []
+
+    def noting(x):
+        seen.append((len(x), bool(x.any())))
+        return x
+
+    noting.input_spec = InputSpec((2,), torch.float32)
+    res = run_saturated(InferenceBatcher(noting, 3, 1.0), 6, inputs=torch.ones(6, 2))
+    assert seen[:3] == [(3, False), (2, False), (1, False)]
+    assert all(nonzero for _, nonzero in seen[3:]) and res.size.sum() == 6

@@ -10,9 +10,10 @@ reports its own lateness (recorded arrival minus scheduled arrival) in the resul
 ``run_saturated`` is the closed-loop counterpart: it keeps a window of requests
 outstanding, which measures the most a batcher can serve.
 
-Both measure the steady state: by default the batcher first runs one untimed batch
-through every worker (``warmup``), so that a thread's first CUDA/cuBLAS use, buffer
-allocation and allocator growth do not land on the first requests; and the inputs are
+Both measure the steady state: by default the batcher first runs an untimed batch of
+every size through every worker (``warmup``), so that a thread's first CUDA/cuBLAS use,
+buffer allocation, allocator growth and a batch size's first run do not land on the
+first requests; and the inputs are
 rows of one tensor made up front, sent in turn, so the harness costs a submit per
 request and nothing more.
 
@@ -243,12 +244,14 @@ class _Polled:
         self.closing = False
 
     async def start(self, warmup: bool = False):
-        """Start polling; ``warmup`` first runs the model once on a full batch of zeros."""
+        """Start polling; ``warmup`` first runs the model on a batch of zeros of every
+        size, as the ``DynamicBatcher`` warms up."""
         self.loop = asyncio.get_running_loop()
         b, spec = self.batcher, self.input_spec
         if warmup and spec is not None:
             with torch.no_grad():
-                b.model_fn(torch.zeros((b.max_batch_size, *spec.shape), dtype=spec.dtype))
+                for size in range(b.max_batch_size, 0, -1):
+                    b.model_fn(torch.zeros((size, *spec.shape), dtype=spec.dtype))
         self.t0 = time.perf_counter()
         self.task = asyncio.create_task(self._poll())
 
