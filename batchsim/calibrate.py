@@ -211,21 +211,49 @@ def _cpus() -> list[int] | None:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
-def run_on_one_cpu(cpu: int, name: str = "cpu") -> None:
-    """Run the calling thread, and every thread it starts afterwards, on CPU ``cpu`` only.
+def cpu_list(text: str, name: str = "cpu") -> tuple[int, ...]:
+    """CPU numbers written as Linux writes them (``"0"``, ``"2-5"``, ``"2,3,8-9"``), as a
+    sorted tuple; anything else is refused with a ``ValueError`` naming ``name``."""
+    cpus = set()
+    try:
+        for part in str(text).split(","):
+            lo, dash, hi = part.partition("-")
+            first, last = int(lo), int(hi if dash else lo)
+            if first < 0 or last < first:
+                raise ValueError
+            cpus.update(range(first, last + 1))
+    except ValueError:
+        raise ValueError(f"{name} must be CPU numbers like 0, 2-5 or 2,3,8-9, got "
+                         f"{text!r}") from None
+    return tuple(sorted(cpus))
 
-    Called before a batcher starts, its event loop and its worker share that CPU, in a
-    calibration and in every run after it (``bench/bench_thread_placement.py``: where
-    the OS puts the two changes what a hand-over between them costs). A CPU this process
-    may not run on is refused with a ``ValueError`` naming ``name``.
+
+def _checked_cpus(cpus, name: str) -> tuple[int, ...]:
+    """``cpus`` (one CPU number or several) as a tuple, each one this process may run on;
+    else a ``ValueError`` naming ``name``."""
+    chosen = (cpus,) if isinstance(cpus, int) else tuple(cpus)
+    ours = _cpus() or []
+    if not chosen or any(cpu not in ours for cpu in chosen):
+        raise ValueError(f"{name} must be one of this process's CPUs {ours}, got "
+                         f"{cpus if isinstance(cpus, int) else list(chosen)!r}")
+    return chosen
+
+
+def run_on_cpus(cpus, name: str = "cpu") -> None:
+    """Run the calling thread, and every thread it starts afterwards, on ``cpus`` (one CPU
+    number or several) only.
+
+    Called before a batcher starts. On one CPU its event loop and its worker share that
+    CPU, in a calibration and in every run after it (``bench/bench_thread_placement.py``:
+    where the OS puts the two changes what a hand-over between them costs). A GPU
+    batcher's pipeline has three threads besides the loop: on one CPU they queue for it,
+    so give it a CPU each (``bench/results/README.md``). A CPU this process may not run on
+    is refused with a ``ValueError`` naming ``name``.
     """
-    cpus = _cpus() or []
-    if cpu not in cpus:
-        raise ValueError(f"{name} must be one of this process's CPUs {cpus}, got {cpu!r}")
-    os.sched_setaffinity(0, {cpu})
+    os.sched_setaffinity(0, set(_checked_cpus(cpus, name)))
 
 
-#: The program ``kept_awake`` runs on the CPU it keeps awake: a busy loop at the lowest
+#: The program ``kept_awake`` runs on each CPU it keeps awake: a busy loop at the lowest
 #: priority Linux has (``SCHED_IDLE``), which looks up now and then whether the process
 #: that started it is still there, and ends when it is not.
 _SPINNER = """
@@ -240,50 +268,54 @@ while os.getppid() == parent:
 
 
 @contextlib.contextmanager
-def kept_awake(cpu: int, name: str = "cpu"):
-    """Keep CPU ``cpu`` out of its idle state while the block runs.
+def kept_awake(cpus, name: str = "cpu"):
+    """Keep ``cpus`` (one CPU number or several) out of their idle state while the block
+    runs; the block gets the spinners' processes, one per CPU.
 
-    A real batcher on one CPU leaves it idle between batches. A virtual machine's CPU
+    A real batcher leaves its CPUs idle between batches. A virtual machine's CPU
     that idles is given back to the host, and the batch that wakes it runs slower by
     an amount that changes from second to second with what the host ran meanwhile. The
     tiny CNN timed with pauses between batches (``bench/bench_keep_awake.py``), kept
     awake: 0.91x the median batch time, 0.83x the mean, half the spread of its speed
     over 1.5 s windows. Servers tuned for latency keep their CPUs out of
     idle states (``idle=poll``, C-states off); so does this, with a process that spins
-    on ``cpu`` at ``SCHED_IDLE`` priority: it runs only when nothing else there wants
-    to, and gives the CPU up at once when something does. A separate process, so it
-    takes nobody's GIL. Linux only; a CPU this process may not run on is refused with a
+    on each CPU at ``SCHED_IDLE`` priority: it runs only when nothing else there wants
+    to, and gives the CPU up at once when something does. Separate processes, so they
+    take nobody's GIL. Linux only; a CPU this process may not run on is refused with a
     ``ValueError`` naming ``name``.
     """
-    cpus = _cpus() or []
-    if cpu not in cpus or not hasattr(os, "SCHED_IDLE"):
-        raise ValueError(f"{name} must be one of this process's CPUs {cpus} on Linux "
-                         f"(SCHED_IDLE), got {cpu!r}")
-    spinner = subprocess.Popen([sys.executable, "-c", _SPINNER, str(cpu)])
+    chosen = _checked_cpus(cpus, name)
+    if not hasattr(os, "SCHED_IDLE"):
+        raise ValueError(f"{name}: keeping a CPU awake needs Linux (SCHED_IDLE), got "
+                         f"{sys.platform}")
+    spinners = []
     try:
-        yield spinner
+        for cpu in chosen:
+            spinners.append(subprocess.Popen([sys.executable, "-c", _SPINNER, str(cpu)]))
+        yield spinners
     finally:
-        spinner.kill()
-        spinner.wait()
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
 
 
-def awake_when_pinned(cpu: int | None, keep_awake: bool | None = None, name: str = "cpu",
+def awake_when_pinned(cpus, keep_awake: bool | None = None, name: str = "cpu",
                       flag: str = "keep_awake"):
-    """The context a fidelity check runs in: CPU ``cpu``, when one is given, ``kept_awake``
-    unless ``keep_awake`` is False; nothing to do without a CPU.
+    """The context a fidelity check runs in: on ``cpus``, when given (one CPU number or
+    several), ``kept_awake`` unless ``keep_awake`` is False; nothing to do without.
 
     ``keep_awake=None`` (the default of ``batchsim validate`` and ``bench_fidelity.py``)
-    keeps a given CPU awake. In five pairs of one-CPU grids per tiny model, the grid kept
-    awake was the closer of its pair in 53 of 75 comparisons (median |error| at p50 and
-    p99 on two Poisson sets, p50 on bursts), and met the p50 target on 16 of 30 Poisson
-    sets against 7 (``bench/results/README.md``). ``keep_awake=True`` without a CPU is
-    refused with a ``ValueError`` naming ``flag`` and ``name``.
+    keeps the given CPUs awake. In five pairs of one-CPU grids per tiny model, the grid
+    kept awake was the closer of its pair in 53 of 75 comparisons (median |error| at p50
+    and p99 on two Poisson sets, p50 on bursts), and met the p50 target on 16 of 30
+    Poisson sets against 7 (``bench/results/README.md``). ``keep_awake=True`` without a
+    CPU is refused with a ``ValueError`` naming ``flag`` and ``name``.
     """
-    if keep_awake and cpu is None:
+    if keep_awake and cpus is None:
         raise ValueError(f"{flag} needs {name}, the CPU to keep awake, got none")
-    if cpu is None or keep_awake is False:
+    if cpus is None or keep_awake is False:
         return contextlib.nullcontext()
-    return kept_awake(cpu, name)
+    return kept_awake(cpus, name)
 
 
 #: ``calibrate`` warns when its model's capacity is off the measured one by this factor.

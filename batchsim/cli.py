@@ -262,15 +262,16 @@ def _args_validate(p):
     p.add_argument("--device", default="cpu", help="cpu, cuda, ...")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("--cpu", type=int, default=None,
-                   help="run on this one CPU, so that the event loop and the batcher's "
-                   "worker share it in the calibration and in every run (default: wherever "
-                   "the OS puts them, which can differ from run to run)")
+    p.add_argument("--cpu", default=None,
+                   help="run on these CPUs, as 0, 2-7 or 2,3: on one, the event loop and "
+                   "the batcher's worker share it in the calibration and in every run; a "
+                   "GPU batcher's pipeline wants one for each of its four threads (default: "
+                   "wherever the OS puts them, which can differ from run to run)")
     p.add_argument("--keep-awake", action=argparse.BooleanOptionalAction, default=None,
-                   help="keep --cpu out of its idle state while it all runs: a process "
-                   "spins there at the lowest priority, so that a batch after a pause does "
-                   "not wait for a virtual machine's CPU to come back (Linux; the default "
-                   "with --cpu, --no-keep-awake to let it idle)")
+                   help="keep --cpu out of their idle state while it all runs: a "
+                   "process spins on each at the lowest priority, so that a batch after a "
+                   "pause does not wait for a virtual machine's CPU to come back (Linux; "
+                   "the default with --cpu, --no-keep-awake to let it idle)")
     p.add_argument("--duration-s", type=float, default=1.0, help="seconds of traffic a run")
     p.add_argument("-n", "--n-requests", type=int, default=1000, help="at least this many")
     p.add_argument("--seed", type=int, default=1, help="seed of the arrivals (calibration "
@@ -314,9 +315,10 @@ def _grid(entries) -> dict:
 def _run_validate(args) -> int:
     from . import calibrate as cal
 
-    awake = cal.awake_when_pinned(args.cpu, args.keep_awake, "--cpu", "--keep-awake")
-    if args.cpu is not None:  # before any thread starts: the batcher's threads inherit it
-        cal.run_on_one_cpu(args.cpu, "--cpu")
+    cpus = None if args.cpu is None else cal.cpu_list(args.cpu, "--cpu")
+    awake = cal.awake_when_pinned(cpus, args.keep_awake, "--cpu", "--keep-awake")
+    if cpus is not None:  # before any thread starts: the batcher's threads inherit them
+        cal.run_on_cpus(cpus, "--cpu")
     with awake:
         return _validate(args, cal)
 

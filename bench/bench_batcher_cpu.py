@@ -55,7 +55,7 @@ import torch
 
 import batchsim as bs
 from batchsim._gc import collector_paused
-from batchsim.calibrate import run_on_one_cpu
+from batchsim.calibrate import run_on_cpus
 from batchsim.real import DynamicBatcher, InferenceBatcher, InputSpec, batch_inference
 from batchsim.real.batcher import _CudaSteps, _HostSteps, _Slot
 from batchsim.real.loadgen import run_saturated
@@ -304,7 +304,7 @@ def main(argv=None):
                    help="run on this one CPU (default: wherever the OS puts the threads)")
     args = p.parse_args(argv)
     if args.cpu is not None:  # before any thread starts: threads inherit it
-        run_on_one_cpu(args.cpu, "--cpu")
+        run_on_cpus(args.cpu, "--cpu")
     n, repeats = (20_000, 1) if args.quick else (args.n, args.repeats)
     torch.set_num_threads(1)  # nothing to compute; keep OpenMP from competing
     bench_identity(n, repeats)

@@ -29,7 +29,8 @@ shared machine, ``--nice -10`` (as root) keeps neighbours' load out of the measu
 ``--cpu 0`` runs everything on one CPU: the event loop and the batcher's worker thread
 hand each batch to each other, and where the OS puts them (one core or two, its choice,
 which can differ between the calibration and a run) changes what a hand-over costs
-more than twofold (``bench/bench_thread_placement.py``).
+more than twofold (``bench/bench_thread_placement.py``). ``--cpu 2-7`` runs it on six:
+a GPU batcher's pipeline has four threads, which queue for one CPU.
 On a GPU: ``python bench/bench_fidelity.py --device cuda --dtype bfloat16 --size default
 --model encoder --quick --workloads poisson --out bench/results/fidelity_<gpu>_encoder.json``
 -- with one worker and no queue limits the simulator runs on the fast engine, which needs
@@ -52,7 +53,7 @@ calibration's own reproducibility.
 Every row is also simulated at the median speed the last rows before it ran at, over
 the arrival sets in order (``tracked_err_*``, ``fidelity(speed_history=)``,
 ``TRACKED_RUNS``): the calibration's level kept up to date from runs already made.
-With ``--cpu`` the bench keeps that CPU out of its idle state
+With ``--cpu`` the bench keeps those CPUs out of their idle state
 (``batchsim.calibrate.awake_when_pinned``); ``--no-keep-awake`` lets it idle, as the
 grids before that default did.
 """
@@ -98,13 +99,14 @@ def add_machine_args(p: argparse.ArgumentParser, awake_by_default: bool = False)
     fidelity bench's default, ``batchsim.calibrate.awake_when_pinned``); else only with
     ``--keep-awake``."""
     p.add_argument("--nice", type=int, default=0, help="os.nice increment (negative: root)")
-    p.add_argument("--cpu", type=int, default=None,
-                   help="run on this one CPU (the event loop and the batcher's worker share "
-                        "it; default: wherever the OS puts them)")
+    p.add_argument("--cpu", default=None,
+                   help="run on these CPUs, as 0, 2-7 or 2,3 (on one CPU the event loop and "
+                        "the batcher's worker share it; a GPU batcher's pipeline wants a CPU "
+                        "for each of its four threads; default: wherever the OS puts them)")
     p.add_argument("--keep-awake", action=argparse.BooleanOptionalAction,
                    default=None if awake_by_default else False,
-                   help="keep --cpu out of its idle state: a process spins there at the "
-                        "lowest priority (batchsim.calibrate.kept_awake)"
+                   help="keep --cpu out of their idle state: a process spins on each at "
+                        "the lowest priority (batchsim.calibrate.kept_awake)"
                         + ("; the default with --cpu" if awake_by_default else ""))
 
 
@@ -116,20 +118,19 @@ def settle_machine(args):
     models want one thread, and the environment variable reaches the worker threads too
     (``torch.set_num_threads`` alone sets it for this thread only).
     """
+    from batchsim.calibrate import awake_when_pinned, cpu_list, run_on_cpus
+
     if args.nice:
         os.nice(args.nice)
-    if args.cpu is not None:
-        from batchsim.calibrate import run_on_one_cpu
-
-        run_on_one_cpu(args.cpu, "--cpu")
-    from batchsim.calibrate import awake_when_pinned
-
     try:
+        if args.cpu is not None:
+            args.cpu = list(cpu_list(args.cpu, "--cpu"))  # as the results file keeps it
+            run_on_cpus(args.cpu, "--cpu")
         awake = awake_when_pinned(args.cpu, args.keep_awake, "--cpu", "--keep-awake")
     except ValueError as e:
         raise SystemExit(str(e)) from None
-    spinner = _AWAKE.enter_context(awake)
-    args.keep_awake = spinner is not None  # what was done, for the results file
+    spinners = _AWAKE.enter_context(awake)
+    args.keep_awake = spinners is not None  # what was done, for the results file
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 

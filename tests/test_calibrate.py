@@ -814,15 +814,18 @@ def test_validate_command_writes_the_table_and_the_plot(tmp_path, capsys):
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="CPU affinity is Linux's")
 @pytest.mark.parametrize("awake", [[], ["--no-keep-awake"]])
-def test_validate_on_one_cpu_runs_the_batcher_there(tmp_path, awake):
+@pytest.mark.parametrize("which", ["last", "all"])
+def test_validate_on_given_cpus_runs_the_batcher_there(tmp_path, awake, which):
     """``--cpu``: the process is pinned before the batcher starts, so its worker runs on
-    that CPU too (by default beside the spinner that keeps it awake; with
-    ``--no-keep-awake``, alone). In a subprocess: pinning this one would pin the rest of
-    the tests."""
+    those CPUs too (by default beside one spinner per CPU that keeps it awake; with
+    ``--no-keep-awake``, alone), given as one CPU or as a list. In a subprocess: pinning
+    this one would pin the rest of the tests."""
     cal = CalibratedService(bs.AffineService(0.1, 0.002), 0.05, 0.002, (0.9, 1.0, 1.3),
                             BatcherCosts(0.02, 0.02, 0.0, 1.0, 0.1))
     cal.save(tmp_path / "cal.json")
-    cpu = max(os.sched_getaffinity(0))
+    cpus = sorted(os.sched_getaffinity(0))
+    if which == "last":
+        cpus = cpus[-1:]
     script = textwrap.dedent("""
         import os, sys
         import batchsim.cli
@@ -841,7 +844,7 @@ def test_validate_on_one_cpu_runs_the_batcher_there(tmp_path, awake):
             forward = model.forward
             def forward_noting_cpus(x):
                 seen.update(os.sched_getaffinity(0))
-                spinning.add(bool(spinners()))
+                spinning.add(len(spinners()))
                 return forward(x)
             model.forward = forward_noting_cpus
             return model
@@ -854,14 +857,15 @@ def test_validate_on_one_cpu_runs_the_batcher_there(tmp_path, awake):
     run = subprocess.run([sys.executable, "-c", script, "validate", "--model", "tiny-mlp",
                           "--calibration", str(tmp_path / "cal.json"), "--grid",
                           "max_batch_size=4", "max_wait_ms=0", "load=0.2", "--duration-s",
-                          "0.05", "-n", "200", "--cpu", str(cpu), *awake],
+                          "0.05", "-n", "200", "--cpu", ",".join(map(str, cpus)), *awake],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert f"worker CPUs [{cpu}] spinner [{not awake}]" in run.stdout
+    assert f"worker CPUs {cpus} spinner [{0 if awake else len(cpus)}]" in run.stdout
 
 
 @pytest.mark.parametrize("argv, match", [
     (["--cpu", "4096"], "--cpu must be one of this process's CPUs"),
+    (["--cpu", "0-"], "--cpu must be CPU numbers like 0, 2-5 or 2,3,8-9, got '0-'"),
     (["--keep-awake"], "--keep-awake needs --cpu, the CPU to keep awake, got none"),
     (["--grid", "max_batch=4"], "--grid entries must look like NAME=V1,V2"),
     (["--grid", "load=a,b"], "--grid load must be floats"),
@@ -900,17 +904,36 @@ def _ended(pid: int) -> bool:
         return True
 
 
+@pytest.mark.parametrize("text, cpus", [("0", (0,)), ("2-5", (2, 3, 4, 5)),
+                                         ("8,2-3,3", (2, 3, 8))])
+def test_cpu_list_reads_cpus_as_linux_writes_them(text, cpus):
+    from batchsim.calibrate import cpu_list
+
+    assert cpu_list(text) == cpus
+
+
+@pytest.mark.parametrize("text", ["", "a", "3-1", "-1", "1,,2", "0-"])
+def test_cpu_list_refuses_anything_else_naming_the_flag(text):
+    from batchsim.calibrate import cpu_list
+
+    with pytest.raises(ValueError, match=rf"--cpu must be CPU numbers like .* got {text!r}"):
+        cpu_list(text, "--cpu")
+
+
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
-def test_kept_awake_spins_at_idle_priority_on_that_cpu_until_the_block_ends():
+@pytest.mark.parametrize("which", ["last", "all"])
+def test_kept_awake_spins_at_idle_priority_on_each_cpu_until_the_block_ends(which):
     from batchsim.calibrate import kept_awake
 
-    cpu = max(os.sched_getaffinity(0))
     ours = os.sched_getaffinity(0)
-    with kept_awake(cpu) as spinner:
-        # the spinner pins itself and lowers its class as it starts
-        assert _within(10.0, lambda: _scheduling(spinner.pid) == (True, [cpu]))
-        assert spinner.poll() is None
-    assert spinner.poll() is not None
+    cpus = sorted(ours)[-1:] if which == "last" else sorted(ours)
+    with kept_awake(cpus[0] if which == "last" else cpus) as spinners:
+        # each spinner pins itself to its CPU and lowers its class as it starts
+        assert len(spinners) == len(cpus)
+        for spinner, cpu in zip(spinners, cpus, strict=True):
+            assert _within(10.0, lambda s=spinner, c=cpu: _scheduling(s.pid) == (True, [c]))
+            assert spinner.poll() is None
+    assert all(spinner.poll() is not None for spinner in spinners)
     assert os.sched_getaffinity(0) == ours        # this process stays where it was
 
 
@@ -922,7 +945,7 @@ def test_kept_awake_spinner_ends_when_its_process_dies_without_closing_it():
     script = textwrap.dedent(f"""
         import os
         from batchsim.calibrate import kept_awake
-        spinner = kept_awake({cpu}).__enter__()
+        spinner, = kept_awake({cpu}).__enter__()
         print(spinner.pid, flush=True)
         os._exit(0)                     # no clean-up, as if killed
         """)
@@ -933,13 +956,19 @@ def test_kept_awake_spinner_ends_when_its_process_dies_without_closing_it():
     assert _within(10.0, lambda: _ended(pid))
 
 
-@pytest.mark.parametrize("cpu", [4096, -1])
-def test_kept_awake_refuses_a_cpu_this_process_may_not_use(cpu):
-    from batchsim.calibrate import kept_awake
+@pytest.mark.parametrize("cpus, shown", [(4096, "4096"), (-1, "-1"), ([0, 4096], r"\[0, 4096\]"),
+                                         ([], r"\[\]")])
+def test_kept_awake_and_pinning_refuse_a_cpu_this_process_may_not_use(cpus, shown):
+    from batchsim.calibrate import kept_awake, run_on_cpus
 
-    with pytest.raises(ValueError, match=rf"--cpu must be one of this process's CPUs .* got {cpu}"):
-        with kept_awake(cpu, "--cpu"):
+    ours = os.sched_getaffinity(0)
+    match = rf"--cpu must be one of this process's CPUs .* got {shown}$"
+    with pytest.raises(ValueError, match=match):
+        with kept_awake(cpus, "--cpu"):
             pass
+    with pytest.raises(ValueError, match=match):
+        run_on_cpus(cpus, "--cpu")
+    assert os.sched_getaffinity(0) == ours
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
@@ -950,11 +979,11 @@ def test_a_pinned_check_keeps_its_cpu_awake_unless_told_not_to():
 
     cpu = max(os.sched_getaffinity(0))
     for keep_awake in (None, True):
-        with awake_when_pinned(cpu, keep_awake) as spinner:
+        with awake_when_pinned(cpu, keep_awake) as (spinner,):
             assert _within(10.0, lambda: _scheduling(spinner.pid) == (True, [cpu]))
         assert spinner.poll() is not None
     for cpu_given, keep_awake in ((cpu, False), (None, None), (None, False)):
-        with awake_when_pinned(cpu_given, keep_awake) as spinner:
-            assert spinner is None
+        with awake_when_pinned(cpu_given, keep_awake) as spinners:
+            assert spinners is None
     with pytest.raises(ValueError, match="--keep-awake needs --cpu, the CPU to keep awake"):
         awake_when_pinned(None, True, "--cpu", "--keep-awake")
