@@ -16,6 +16,8 @@ runs, then each arrival set), by:
   the dispatch to then and the share of the received requests that came after it, while
   the model ran (on one CPU the event loop sends what fell due before the worker gets
   the core: the requests delay the batch's start, not its model);
+* batch size and idle time together: how far the cells' ratios stray from the part's
+  (``size_by_idle``), a pattern no single cost fits;
 * those requests and the load generator's turns that brought them, where the run
   recorded its turns (``run_load`` does): at the same count of requests, what each
   further turn costs;
@@ -115,6 +117,32 @@ def by_group(table) -> dict:
     return out
 
 
+#: ``size_by_idle`` reads only the cells of size x idle time with this many batches.
+PATTERN_MIN_BATCHES = 20
+
+
+def size_by_idle(table, min_batches: int = PATTERN_MIN_BATCHES) -> dict:
+    """How far the calibration's prediction is off by batch size and idle time together:
+    each cell's (size bin x idle bin, ``min_batches`` or more) median ratio against the
+    part's, as ``|log(cell / part)|``; the mean weighted by batches and the largest.
+
+    0 where the costs the calibration fitted fit every kind of batch alike; a speed of
+    the whole part, the same in every cell, adds nothing. On an H200 with the batcher's
+    threads wherever the OS put them, the CNN's calibration runs read 12.8%: small
+    batches after 0.1-2 ms of idle ran 1.2-1.6x their prediction, full ones 0.8x, which
+    no additive wake-up fits; on the same machine with its CPUs kept awake, 3.6%
+    (``bench/results/README.md``).
+    """
+    cells = table.groupby(["size_bin", "idle_bin"], observed=True)["ratio"].agg(
+        ["median", "size"])
+    cells = cells[cells["size"] >= min_batches]
+    off = np.abs(np.log(cells["median"].to_numpy() / table["ratio"].median()))
+    return {"cells": int(off.size),
+            "mean_abs_log": float(np.average(off, weights=cells["size"])) if off.size
+            else float("nan"),
+            "max_abs_log": float(off.max()) if off.size else float("nan")}
+
+
 def row_speeds(table) -> dict:
     """How fast each row ran (its batches' median ratio) and how rows' speeds relate:
     their 5th and 95th percentiles and standard deviation, the correlation of
@@ -136,10 +164,12 @@ def analyze(saved: dict, recalibration: bool = False) -> dict:
     """The groupings for the calibration's runs and each arrival set, and each set's
     row speeds, against the first calibration (or the one made after the grid)."""
     service = saved["recalibration" if recalibration else "service"]
-    out = {"calibration_runs": by_group(batches(service, saved["calibration_runs"]))}
+    table = batches(service, saved["calibration_runs"])
+    out = {"calibration_runs": {**by_group(table), "size_by_idle": size_by_idle(table)}}
     for name, runs in saved["runs"].items():
         table = batches(service, [run["real"] for run in runs])
-        out[name] = {**by_group(table), "row_speeds": row_speeds(table)}
+        out[name] = {**by_group(table), "size_by_idle": size_by_idle(table),
+                     "row_speeds": row_speeds(table)}
     return out
 
 
@@ -154,6 +184,12 @@ def print_report(report: dict) -> None:
                       f"(5th-95th), sd {s['sd']:.3f}; consecutive rows' correlation "
                       f"{s['lag1_corr']:+.2f}; halves' correlation {s['halves_corr']:+.2f}, "
                       f"half their difference sd {s['half_diff_sd']:.3f}")
+                continue
+            if column == "size_by_idle":
+                print(f"   {'size x idle':>18}: cells off the part's median by "
+                      f"{cells['mean_abs_log']:.1%} on average (weighted by batches), at "
+                      f"most {cells['max_abs_log']:.1%} ({cells['cells']} cells of "
+                      f">= {PATTERN_MIN_BATCHES} batches; |log ratio|)")
                 continue
             print(f"   {column:>18}: " + ", ".join(
                 f"{g} {c['median_ratio']:.2f} ({c['batches']})" for g, c in cells.items()))

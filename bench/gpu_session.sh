@@ -13,10 +13,15 @@
 #   placement (only with BATCHSIM_GPU_PLACEMENT=1, about 100 s more, outside HARD_S):
 #          saturated throughput with the batcher's threads on all CPUs, 1, 2 or 4, and
 #          with a shorter switch interval -> $OUT/placement_gpu_<device>.json;
-#   fidelity (only with BATCHSIM_GPU_FIDELITY=1, about 170 s more on an H200, outside
-#          HARD_S): the simulator calibrated on the encoder and the CNN at bfloat16 against
-#          the real batcher, quick grid, Poisson (two seeds) and bursts, and a second
-#          calibration after the grid -> $OUT/fidelity_<model>_bfloat16.json, and both
+#   fidelity (only with BATCHSIM_GPU_FIDELITY=1, about 5 minutes more on an H200: the
+#          encoder 3.5, the CNN 1.5; outside HARD_S): the simulator calibrated on the
+#          encoder and the CNN at bfloat16 against the real batcher, quick grid, Poisson
+#          (two seeds) and bursts, and a second calibration after the grid, with the
+#          process on CPUs BATCHSIM_GPU_CPUS (default 2-7, where the machine has 8 or
+#          more; empty: wherever the OS puts its threads), each kept awake by a spinner
+#          at the lowest priority (bench_fidelity.py --cpu; bench/results/README.md: on
+#          an H200 it took the calibration's size-by-idle pattern away and halved the
+#          spread of the rows' speeds) -> $OUT/fidelity_<model>_bfloat16.json, and both
 #          calibrations with their runs and the grid's real runs ->
 #          $OUT/fidelity_<model>_runs.pkl.gz (to refit and re-simulate them elsewhere;
 #          bench_fidelity.py; the fast engine simulates, so SimPy need not be there), and
@@ -96,9 +101,11 @@ if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then
         dtype=float32 FID=(--device cpu --size tiny --duration-s 0.05 --profile batcher)
     else
         dtype=bfloat16 FID=(--device cuda --size default)
+        if [ "$(nproc)" -ge 8 ]; then cpus=${BATCHSIM_GPU_CPUS-2-7}; else cpus=""; fi
+        if [ -n "$cpus" ]; then FID+=(--cpu "$cpus"); fi
     fi
     for model in encoder cnn; do
-        timeout -k 5 200 "$PYTHON" bench/bench_fidelity.py --model "$model" --quick \
+        timeout -k 5 300 "$PYTHON" bench/bench_fidelity.py --model "$model" --quick \
             --dtype "$dtype" --workloads poisson,poisson-seed2,bursty --recalibrate "${FID[@]}" \
             --out "$OUT/fidelity_${model}_${dtype}.json" \
             --save-runs "$OUT/fidelity_${model}_runs.pkl.gz" 2>&1 | tee "$OUT/fidelity_${model}.log"

@@ -45,9 +45,15 @@ def saved_runs() -> dict:
 def test_every_group_reads_the_speed_its_rows_ran_at():
     saved = saved_runs()
     report = analyze(saved)
-    for groups in report["calibration_runs"].values():
-        for cell in groups.values():
-            assert cell["median_ratio"] == pytest.approx(1.0, rel=1e-9)
+    for column, groups in report["calibration_runs"].items():
+        if column != "size_by_idle":
+            for cell in groups.values():
+                assert cell["median_ratio"] == pytest.approx(1.0, rel=1e-9)
+    # Rows at their own speeds, each the same in every cell of size x idle time: no
+    # pattern in the calibration's runs, and in the set only the mix of rows per cell.
+    assert report["calibration_runs"]["size_by_idle"]["max_abs_log"] == pytest.approx(
+        0.0, abs=1e-9)
+    assert report["calibration_runs"]["size_by_idle"]["cells"] >= 3
     poisson = report["poisson"]
     # Simulated runs do not say when a worker picked its batch up.
     assert all(np.isnan([c["median_pickup_ms"], c["after_pickup_share"]]).all()
@@ -82,6 +88,24 @@ def test_runs_with_the_generators_turns_group_by_requests_and_turns():
     assert "received_turns" not in analyze(saved_runs())["poisson"]
 
 
+def test_size_by_idle_reads_how_far_cells_stray_from_the_median():
+    """Three cells of size x idle time with known ratios (and one too small to read):
+    each cell's |log| off the whole table's median, weighted by its batches."""
+    import pandas as pd
+    from bench_batch_residuals import size_by_idle
+
+    cells = [("1", "a", 1.2, 30), ("1", "b", 1.0, 50), ("32-63", "a", 0.8, 20),
+             ("32-63", "b", 5.0, 19)]
+    table = pd.DataFrame([(s, i, r) for s, i, r, n in cells for _ in range(n)],
+                         columns=["size_bin", "idle_bin", "ratio"])
+    got = size_by_idle(table, min_batches=20)
+    assert got["cells"] == 3
+    off = np.abs(np.log([1.2, 1.0, 0.8]))          # the table's median ratio is 1.0
+    assert got["mean_abs_log"] == pytest.approx(np.average(off, weights=[30, 50, 20]))
+    assert got["max_abs_log"] == pytest.approx(np.log(1.25))
+    assert np.isnan(size_by_idle(table, min_batches=100)["mean_abs_log"])
+
+
 def test_bins_are_named_by_their_ends_in_order():
     bins = label_bins([0, 1, 3, 4, 15, 16, 64, 500], (0, 1, 2, 4, 16, 64))
     assert list(bins) == ["0", "1", "2-3", "4-15", "4-15", "16-63", "64+", "64+"]
@@ -97,6 +121,7 @@ def test_script_reads_a_pickle_and_writes_json(tmp_path):
                            "--out", str(out)], cwd=ROOT, check=True, capture_output=True,
                           text=True, timeout=120, env=env)
     assert "consecutive rows' correlation" in done.stdout
+    assert "size x idle: cells off the part's median by" in done.stdout
     assert set(json.loads(out.read_text())) == {"calibration_runs", "poisson"}
     saved = saved_runs()
     del saved["recalibration"]
