@@ -445,6 +445,16 @@ def test_warmup_runs_a_batch_of_zeros_of_every_size_per_worker_before_the_clock(
     assert res.size.sum() == 6 and (res.arrival_s >= 0).all()  # warm-up is not in the run
 
 
+def test_warmup_sizes_are_every_size_or_with_cuda_graphs_their_buckets():
+    from batchsim.real.batcher import warmup_sizes
+
+    assert warmup_sizes(5, graphs=False) == (5, 4, 3, 2, 1)
+    assert warmup_sizes(32, graphs=True) == (32, 16, 8, 4, 2, 1)
+    assert warmup_sizes(12, graphs=True) == (12, 8, 4, 2, 1)
+    with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1, got 0"):
+        warmup_sizes(0, graphs=False)
+
+
 def test_warmup_tolerates_a_model_that_refuses_zeros(pipeline):
     """The first size that fails ends the warm-up (its halves were retried, down to one
     row): the smaller sizes are not tried."""

@@ -182,8 +182,8 @@ class DynamicBatcher:
         paid before the first request; it is not part of the run. On the CPU a batch
         size's first run took 2.2x its later ones for the tiny CNN and 1.6x for the tiny
         MLP: in a calibration that warmed only the largest size, the first batch of each
-        size. With CUDA graphs on, the warm-up always runs, and captures the graphs after
-        it.
+        size. With CUDA graphs on, the warm-up always runs, at the graphs' bucket sizes
+        only (``warmup_sizes``), and captures the graphs after it.
         """
         if self._loop is not None:
             raise RuntimeError("this DynamicBatcher was already started; make a new one")
@@ -484,6 +484,20 @@ def graph_buckets(max_batch_size: int) -> tuple[int, ...]:
     return (*(1 << i for i in range(b.bit_length()) if 1 << i < b), b)
 
 
+def warmup_sizes(max_batch_size: int, graphs: bool) -> tuple[int, ...]:
+    """The batch sizes a warm-up runs, the largest first: every size from
+    ``max_batch_size`` down to 1, or with CUDA graphs to capture their buckets only.
+
+    A size's first run in a process pays one-time costs (on the CPU 2.2x a later run for
+    the tiny CNN). With graphs a batch of ``n`` replays the graph of its bucket, so the
+    eager shapes between buckets never run again; on an H200 warming all 32 sizes before
+    the capture took the encoder 1.3-2.5 s at every batcher start
+    (``bench/results/README.md``).
+    """
+    return (tuple(reversed(graph_buckets(max_batch_size))) if graphs
+            else tuple(range(_check.positive_int("max_batch_size", max_batch_size), 0, -1)))
+
+
 #: Warm-ups and graph captures run one at a time: a capture synchronises the device and
 #: empties the allocator's cache, which must not happen under another thread's capture.
 _WARMUP_LOCK = threading.Lock()
@@ -708,8 +722,7 @@ class _Runner:
         raise NotImplementedError
 
     async def warmup(self, capture: bool = False) -> list:
-        """Run a batch of zeros of every size from ``max_batch_size`` down to 1 through
-        every worker; wait.
+        """Run a batch of zeros of each of ``warmup_sizes`` through every worker; wait.
 
         ``capture``: then capture each worker's CUDA graphs. Returns, per worker, why
         its capture failed, or None.
@@ -724,7 +737,7 @@ class _Runner:
     def _warm(self, slot: _Slot, job, done: concurrent.futures.Future) -> None:
         xs, capture = job
         with _WARMUP_LOCK:
-            for b in range(len(xs), 0, -1):  # every batch size, the largest first
+            for b in warmup_sizes(len(xs), capture):
                 if self._serve(slot, xs[:b])[1]:
                     break  # a model that cannot take zeros fails later, per request
             done.set_result(self.steps.capture_graphs(slot) if capture else None)

@@ -11,9 +11,9 @@ reports its own lateness (recorded arrival minus scheduled arrival) in the resul
 outstanding, which measures the most a batcher can serve.
 
 Both measure the steady state: by default the batcher first runs an untimed batch of
-every size through every worker (``warmup``), so that a thread's first CUDA/cuBLAS use,
-buffer allocation, allocator growth and a batch size's first run do not land on the
-first requests; and the inputs are
+every size (with CUDA graphs, of every bucket's) through every worker (``warmup``), so
+that a thread's first CUDA/cuBLAS use, buffer allocation, allocator growth and a batch
+size's first run do not land on the first requests; and the inputs are
 rows of one tensor made up front, sent in turn, so the harness costs a submit per
 request and nothing more.
 
