@@ -239,18 +239,29 @@ def _checked_cpus(cpus, name: str) -> tuple[int, ...]:
     return chosen
 
 
-def run_on_cpus(cpus, name: str = "cpu") -> None:
+#: The threads of a batcher on CUDA: the event loop, and the pipeline's stager, launcher
+#: and completer (one worker).
+CUDA_THREADS = 4
+
+
+def run_on_cpus(cpus, name: str = "cpu", device=None) -> None:
     """Run the calling thread, and every thread it starts afterwards, on ``cpus`` (one CPU
     number or several) only.
 
     Called before a batcher starts. On one CPU its event loop and its worker share that
     CPU, in a calibration and in every run after it (``bench/bench_thread_placement.py``:
     where the OS puts the two changes what a hand-over between them costs). A GPU
-    batcher's pipeline has three threads besides the loop: on one CPU they queue for it,
-    so give it a CPU each (``bench/results/README.md``). A CPU this process may not run on
-    is refused with a ``ValueError`` naming ``name``.
+    batcher's pipeline has three threads besides the loop: on one CPU they queue for it
+    (on an H200 the calibrations fell 15-64% apart), so with ``device`` CUDA fewer than
+    ``CUDA_THREADS`` CPUs draw a warning. A CPU this process may not run on is refused
+    with a ``ValueError`` naming ``name``.
     """
-    os.sched_setaffinity(0, set(_checked_cpus(cpus, name)))
+    chosen = _checked_cpus(cpus, name)
+    if str(device).startswith("cuda") and len(chosen) < CUDA_THREADS:
+        warnings.warn(f"{name} gives a GPU batcher {len(chosen)} CPU(s) {list(chosen)} for "
+                      f"its {CUDA_THREADS} threads, which then queue for them: give "
+                      f"{CUDA_THREADS} or more (e.g. 2-7)", stacklevel=2)
+    os.sched_setaffinity(0, set(chosen))
 
 
 #: The program ``kept_awake`` runs on each CPU it keeps awake: a busy loop at the lowest

@@ -318,7 +318,7 @@ def _run_validate(args) -> int:
     cpus = None if args.cpu is None else cal.cpu_list(args.cpu, "--cpu")
     awake = cal.awake_when_pinned(cpus, args.keep_awake, "--cpu", "--keep-awake")
     if cpus is not None:  # before any thread starts: the batcher's threads inherit them
-        cal.run_on_cpus(cpus, "--cpu")
+        cal.run_on_cpus(cpus, "--cpu", args.device)
     with awake:
         return _validate(args, cal)
 

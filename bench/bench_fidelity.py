@@ -125,7 +125,7 @@ def settle_machine(args):
     try:
         if args.cpu is not None:
             args.cpu = list(cpu_list(args.cpu, "--cpu"))  # as the results file keeps it
-            run_on_cpus(args.cpu, "--cpu")
+            run_on_cpus(args.cpu, "--cpu", getattr(args, "device", None))
         awake = awake_when_pinned(args.cpu, args.keep_awake, "--cpu", "--keep-awake")
     except ValueError as e:
         raise SystemExit(str(e)) from None

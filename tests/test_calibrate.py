@@ -904,6 +904,24 @@ def _ended(pid: int) -> bool:
         return True
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
+def test_pinning_a_gpu_batcher_to_fewer_cpus_than_its_threads_warns():
+    from batchsim.calibrate import CUDA_THREADS, run_on_cpus
+
+    ours = os.sched_getaffinity(0)
+    cpu = max(ours)
+    try:
+        with pytest.warns(UserWarning, match=rf"--cpu gives a GPU batcher 1 CPU\(s\) \[{cpu}\] "
+                          rf"for its {CUDA_THREADS} threads"):
+            run_on_cpus(cpu, "--cpu", "cuda:0")
+        assert os.sched_getaffinity(0) == {cpu}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            run_on_cpus(cpu, "--cpu", "cpu")      # on the CPU one is the advice
+    finally:
+        os.sched_setaffinity(0, ours)
+
+
 @pytest.mark.parametrize("text, cpus", [("0", (0,)), ("2-5", (2, 3, 4, 5)),
                                          ("8,2-3,3", (2, 3, 8))])
 def test_cpu_list_reads_cpus_as_linux_writes_them(text, cpus):
