@@ -288,7 +288,11 @@ def kept_awake(cpus, name: str = "cpu"):
     an amount that changes from second to second with what the host ran meanwhile. The
     tiny CNN timed with pauses between batches (``bench/bench_keep_awake.py``), kept
     awake: 0.91x the median batch time, 0.83x the mean, half the spread of its speed
-    over 1.5 s windows. Servers tuned for latency keep their CPUs out of
+    over 1.5 s windows. On an H200 machine, with the GPU batcher's process on six CPUs
+    kept awake, the CNN's batches lost a pattern of size and idle time together that
+    no wake-up table fits (``bench/bench_batch_residuals.py``: 3.6% against 12.8% in the
+    calibration's runs), and its rows' speeds spread half as much. Servers tuned for
+    latency keep their CPUs out of
     idle states (``idle=poll``, C-states off); so does this, with a process that spins
     on each CPU at ``SCHED_IDLE`` priority: it runs only when nothing else there wants
     to, and gives the CPU up at once when something does. Separate processes, so they
