@@ -23,13 +23,16 @@
 #          an H200 it took the calibration's size-by-idle pattern away and halved the
 #          spread of the rows' speeds) -> $OUT/fidelity_<model>_bfloat16.json, and both
 #          calibrations with their runs and the grid's real runs ->
-#          $OUT/fidelity_<model>_runs.pkl.gz (to refit and re-simulate them elsewhere;
-#          bench_fidelity.py; the fast engine simulates, so SimPy need not be there), and
+#          fidelity_<model>_runs.pkl.gz (to refit and re-simulate them elsewhere;
+#          bench_fidelity.py; the fast engine simulates, so SimPy need not be there; beside
+#          the archive when packed: 3-9 MB each), and
 #          their batches against the calibration's prediction, by size, trigger, idle time
 #          and requests received -> $OUT/batch_residuals_<model>_bfloat16.{json,log}
 #          (bench_batch_residuals.py), and the rate at which the simulator serves each
 #          row's backlogs against the real batcher -> $OUT/backlog_<model>_bfloat16.{json,log}
-#          (bench_backlog.py).
+#          (bench_backlog.py). BATCHSIM_GPU_PAIR=1 then runs the CNN again the same way
+#          with its threads where the OS puts them (<model> cnn_os_placed; about 1.5
+#          minutes more): the other half of a pair on one machine.
 # Each part is its own process under its own time limit, and every JSON is written as soon as
 # its numbers exist, so a failure or a timeout keeps everything measured before it. A CUDA
 # graph capture that fails falls back to the eager model and is reported in the JSON and log.
@@ -37,7 +40,8 @@
 #   OUT=/some/dir bash bench/gpu_session.sh                      # on a GPU machine
 #   BATCHSIM_GPU_DRY=1 OUT=/tmp/x bash bench/gpu_session.sh      # CPU dry run, seconds
 # BATCHSIM_GPU_PACK=1: the parts write under $OUT/parts, packed into $OUT/all.tar.gz after
-# each part, for a lent machine that hands back only a few of the files under $OUT.
+# each part, for a lent machine that hands back only a few of the files under $OUT, and
+# at most 16 MB each (the fidelity part's pickles stay beside the archive).
 set -u
 start=$SECONDS
 cd "$(dirname "$0")/.."
@@ -96,28 +100,34 @@ fi
 
 if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then
     echo "== fidelity: the calibrated simulator against the real batcher =="
+    PIN=()
     if [ -n "${BATCHSIM_GPU_DRY:-}" ]; then
         # the CPU takes the path CUDA takes by default: s(b) timed through the batcher
         dtype=float32 FID=(--device cpu --size tiny --duration-s 0.05 --profile batcher)
     else
         dtype=bfloat16 FID=(--device cuda --size default)
         if [ "$(nproc)" -ge 8 ]; then cpus=${BATCHSIM_GPU_CPUS-2-7}; else cpus=""; fi
-        if [ -n "$cpus" ]; then FID+=(--cpu "$cpus"); fi
+        if [ -n "$cpus" ]; then PIN=(--cpu "$cpus"); fi
     fi
-    for model in encoder cnn; do
+    runs=(encoder cnn)
+    if [ "${BATCHSIM_GPU_PAIR:-0}" = 1 ]; then runs+=(cnn_os_placed); fi
+    for name in "${runs[@]}"; do
+        model=${name%%_*} args=("${FID[@]}" "${PIN[@]}")
+        if [ "$name" = cnn_os_placed ]; then args=("${FID[@]}"); fi
+        pickle="$PACKED/fidelity_${name}_runs.pkl.gz"
         timeout -k 5 300 "$PYTHON" bench/bench_fidelity.py --model "$model" --quick \
-            --dtype "$dtype" --workloads poisson,poisson-seed2,bursty --recalibrate "${FID[@]}" \
-            --out "$OUT/fidelity_${model}_${dtype}.json" \
-            --save-runs "$OUT/fidelity_${model}_runs.pkl.gz" 2>&1 | tee "$OUT/fidelity_${model}.log"
-        echo "fidelity $model exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+            --dtype "$dtype" --workloads poisson,poisson-seed2,bursty --recalibrate "${args[@]}" \
+            --out "$OUT/fidelity_${name}_${dtype}.json" \
+            --save-runs "$pickle" 2>&1 | tee "$OUT/fidelity_${name}.log"
+        echo "fidelity $name exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
         timeout -k 5 60 "$PYTHON" bench/bench_batch_residuals.py \
-            "$OUT/fidelity_${model}_runs.pkl.gz" --out "$OUT/batch_residuals_${model}_${dtype}.json" \
-            > "$OUT/batch_residuals_${model}_${dtype}.log" 2>&1
-        echo "batch residuals $model exit $?"
+            "$pickle" --out "$OUT/batch_residuals_${name}_${dtype}.json" \
+            > "$OUT/batch_residuals_${name}_${dtype}.log" 2>&1
+        echo "batch residuals $name exit $?"
         timeout -k 5 60 "$PYTHON" bench/bench_backlog.py \
-            "$OUT/fidelity_${model}_runs.pkl.gz" --out "$OUT/backlog_${model}_${dtype}.json" \
-            > "$OUT/backlog_${model}_${dtype}.log" 2>&1
-        echo "backlog $model exit $?"
+            "$pickle" --out "$OUT/backlog_${name}_${dtype}.json" \
+            > "$OUT/backlog_${name}_${dtype}.log" 2>&1
+        echo "backlog $name exit $?"
         pack
     done
 fi

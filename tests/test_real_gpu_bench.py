@@ -83,19 +83,24 @@ def test_session_script_skips_the_bench_and_measures_placements_packed(tmp_path)
 
 def test_session_script_measures_fidelity_and_takes_the_batches_apart_packed(tmp_path):
     """``BATCHSIM_GPU_FIDELITY=1`` (the CPU dry run takes the path CUDA takes): per model,
-    the fidelity grid with both calibrations, the pickled runs, their batches against
-    the calibration's prediction and their backlogs against the simulator's, all in the
-    one archive a device machine hands back."""
+    and with ``BATCHSIM_GPU_PAIR=1`` the CNN once more, the fidelity grid with both
+    calibrations, their batches against the calibration's prediction and their backlogs
+    against the simulator's, in the one archive a device machine hands back; the pickled
+    runs beside it (an archive that holds them all outgrows what a machine hands back)."""
     env = {**os.environ, "BATCHSIM_GPU_DRY": "1", "OUT": str(tmp_path), "PYTHON": sys.executable,
-           "BATCHSIM_GPU_BENCH": "0", "BATCHSIM_GPU_FIDELITY": "1", "BATCHSIM_GPU_PACK": "1"}
+           "BATCHSIM_GPU_BENCH": "0", "BATCHSIM_GPU_FIDELITY": "1", "BATCHSIM_GPU_PACK": "1",
+           "BATCHSIM_GPU_PAIR": "1"}
     log = subprocess.run(["bash", "bench/gpu_session.sh"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600, check=True).stdout
     with tarfile.open(tmp_path / "all.tar.gz") as packed:
         names = set(packed.getnames())
-    for model in ("encoder", "cnn"):
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "all.tar.gz", "fidelity_cnn_os_placed_runs.pkl.gz", "fidelity_cnn_runs.pkl.gz",
+        "fidelity_encoder_runs.pkl.gz", "parts"]
+    for model in ("encoder", "cnn", "cnn_os_placed"):
         assert f"fidelity {model} exit 0" in log and f"batch residuals {model} exit 0" in log
         assert f"backlog {model} exit 0" in log
-        assert {f"parts/fidelity_{model}_float32.json", f"parts/fidelity_{model}_runs.pkl.gz",
+        assert {f"parts/fidelity_{model}_float32.json",
                 f"parts/batch_residuals_{model}_float32.json",
                 f"parts/backlog_{model}_float32.json"} <= names
         backlogs = json.loads((tmp_path / "parts" / f"backlog_{model}_float32.json").read_text())
