@@ -93,8 +93,8 @@ def main() -> None:
     if args.nice:
         os.nice(args.nice)
     if args.cpu is not None:  # before any thread starts: threads inherit it
-        from batchsim.calibrate import run_on_one_cpu
-        run_on_one_cpu(args.cpu, "--cpu")
+        from batchsim.calibrate import run_on_cpus
+        run_on_cpus(args.cpu, "--cpu")
 
     import torch
     torch.set_num_threads(1)
