@@ -187,14 +187,15 @@ def _fitted(s_b: ServiceModel, measured: list, timer: BatcherCosts,
     sizes, gaps_ms = _releases(measured, react_ms)
     release = BatcherCosts(**_release_table(sizes, gaps_ms))
     deviation_ms = gaps_ms - 1e3 * release.release_s(sizes)
-    # A stall makes a release long, never short: only the long ones beyond four median
-    # deviations are left out. A fifth to a quarter of the tiny models' releases on one
-    # CPU took 8-11 us less than the median, a second mode that a cut on both sides
-    # dropped, so the simulated release came out ~2 us too long on average.
-    kept = _within(deviation_ms) | (deviation_ms < np.median(deviation_ms))
     # No batch followed another that was due (a short run at light load): no spread.
-    spread_ms = (tuple(np.quantile(deviation_ms[kept], np.linspace(0, 1, N_QUANTILES)))
-                 if deviation_ms.size else ())
+    spread_ms = ()
+    if deviation_ms.size:
+        # A stall makes a release long, never short: only the long ones beyond four
+        # median deviations are left out. A fifth to a quarter of the tiny models'
+        # releases on one CPU took 8-11 us less than the median, a second mode that a
+        # cut on both sides dropped: the simulated release came out ~2 us too long.
+        kept = _within(deviation_ms) | (deviation_ms < np.median(deviation_ms))
+        spread_ms = tuple(np.quantile(deviation_ms[kept], np.linspace(0, 1, N_QUANTILES)))
     worker = _worker_fit(measured, s_b)
     costs = BatcherCosts(react_ms, timer_resolution_ms=timer.timer_resolution_ms,
                          timer_latency_ms=timer.timer_latency_ms,
