@@ -41,7 +41,8 @@
 #   BATCHSIM_GPU_DRY=1 OUT=/tmp/x bash bench/gpu_session.sh      # CPU dry run, seconds
 # BATCHSIM_GPU_PACK=1: the parts write under $OUT/parts, packed into $OUT/all.tar.gz after
 # each part, for a lent machine that hands back only a few of the files under $OUT, and
-# at most 16 MB each (the fidelity part's pickles stay beside the archive).
+# at most 16 MB each (the fidelity part's pickles stay beside the archive; remove
+# $OUT/parts after the script, so that those files are what comes back).
 set -u
 start=$SECONDS
 cd "$(dirname "$0")/.."
