@@ -45,7 +45,7 @@ from ..policy import BatchPolicy
 from ..result import RunResult
 from ..seeding import streams
 from ..workload import Workload
-from .batcher import DynamicBatcher, QueueFullError, RunLog
+from .batcher import DynamicBatcher, QueueFullError, RunLog, warmup_sizes
 from .naive import InferenceBatcher
 
 
@@ -250,7 +250,7 @@ class _Polled:
         b, spec = self.batcher, self.input_spec
         if warmup and spec is not None:
             with torch.no_grad():
-                for size in range(b.max_batch_size, 0, -1):
+                for size in warmup_sizes(b.max_batch_size, graphs=False):
                     b.model_fn(torch.zeros((size, *spec.shape), dtype=spec.dtype))
         self.t0 = time.perf_counter()
         self.task = asyncio.create_task(self._poll())
