@@ -32,7 +32,10 @@
 #          row's backlogs against the real batcher -> $OUT/backlog_<model>_bfloat16.{json,log}
 #          (bench_backlog.py). BATCHSIM_GPU_PAIR=1 then runs the CNN again the same way
 #          with its threads where the OS puts them (<model> cnn_os_placed; about 1.5
-#          minutes more): the other half of a pair on one machine.
+#          minutes more): the other half of a pair on one machine. Where nvidia-smi is,
+#          the GPU's clocks are logged every 50 ms during each run -> gpu_clocks_<model>.csv,
+#          and set beside its batches -> gpu_clocks_<model>_bfloat16.{json,log}
+#          (bench_gpu_clocks.py: did the rows that ran slow run at lower clocks?).
 # Each part is its own process under its own time limit, and every JSON is written as soon as
 # its numbers exist, so a failure or a timeout keeps everything measured before it. A CUDA
 # graph capture that fails falls back to the eager model and is reported in the JSON and log.
@@ -115,12 +118,23 @@ if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then
     for name in "${runs[@]}"; do
         model=${name%%_*} args=("${FID[@]}" "${PIN[@]}")
         if [ "$name" = cnn_os_placed ]; then args=("${FID[@]}"); fi
-        pickle="$PACKED/fidelity_${name}_runs.pkl.gz"
+        pickle="$PACKED/fidelity_${name}_runs.pkl.gz" clocks="$OUT/gpu_clocks_${name}.csv"
+        sampler=""
+        if [ -z "${BATCHSIM_GPU_DRY:-}" ] && command -v nvidia-smi >/dev/null; then
+            "$PYTHON" bench/bench_gpu_clocks.py sample "$clocks" & sampler=$!
+        fi
         timeout -k 5 300 "$PYTHON" bench/bench_fidelity.py --model "$model" --quick \
             --dtype "$dtype" --workloads poisson,poisson-seed2,bursty --recalibrate "${args[@]}" \
             --out "$OUT/fidelity_${name}_${dtype}.json" \
             --save-runs "$pickle" 2>&1 | tee "$OUT/fidelity_${name}.log"
         echo "fidelity $name exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+        if [ -n "$sampler" ]; then
+            kill "$sampler"; wait "$sampler" 2>/dev/null
+            timeout -k 5 60 "$PYTHON" bench/bench_gpu_clocks.py "$pickle" "$clocks" \
+                --out "$OUT/gpu_clocks_${name}_${dtype}.json" \
+                > "$OUT/gpu_clocks_${name}_${dtype}.log" 2>&1
+            echo "gpu clocks $name exit $?"
+        fi
         timeout -k 5 60 "$PYTHON" bench/bench_batch_residuals.py \
             "$pickle" --out "$OUT/batch_residuals_${name}_${dtype}.json" \
             > "$OUT/batch_residuals_${name}_${dtype}.log" 2>&1

@@ -145,10 +145,13 @@ def test_lone_request_leaves_by_the_timeout_trigger_without_close():
             y = await b.submit(torch.ones(4))
         return y, b.result()
 
+    before_s = time.time()
     y, res = run(main())
     assert torch.equal(y, torch.full((4,), 3.0))
     assert res.trigger.tolist() == [rule.TIMEOUT]
     assert res.start_s[0] - res.arrival_s[0] >= 0.005
+    # The start on the wall clock, to line the run up with logs kept by the wall clock.
+    assert before_s <= res.meta["started_unix_s"] <= time.time() - res.end_s[0]
 
 
 def test_full_queue_leaves_by_the_size_trigger_with_infinite_wait():

@@ -158,6 +158,7 @@ class DynamicBatcher:
         self.input_spec = spec
         self._loop: asyncio.AbstractEventLoop | None = None
         self._t0 = 0.0
+        self._started_unix_s = math.nan
         self._closed = False
         self._close_s = math.inf
         self._log = RunLog()
@@ -199,6 +200,7 @@ class DynamicBatcher:
                     capture_s=time.perf_counter() - t0, errors=[e for e in errors if e],
                     workers_with_graphs=sum(e is None for e in errors))
         self._t0 = time.perf_counter()
+        self._started_unix_s = time.time()
         return self
 
     def _graphs_wanted(self) -> bool:
@@ -258,13 +260,17 @@ class DynamicBatcher:
     def result(self) -> RunResult:
         """The run so far as a RunResult (times in seconds since ``start()``).
 
-        Only once ``close()`` has returned, so that every request has ended.
+        ``meta["started_unix_s"]`` is that start on the wall clock (``time.time()``), to
+        line the run up with what other tools log by the wall clock, such as a GPU's
+        clocks sampled by ``nvidia-smi`` (``bench/bench_gpu_clocks.py``). Only once
+        ``close()`` has returned, so that every request has ended.
         """
         if self._idle is None or not self._idle.done():
             raise RuntimeError("result() needs a closed batcher: await batcher.close() first")
         extra = {} if self._graphs_meta is None else {"cuda_graphs": self._graphs_meta}
         return self._log.result(self.workers, engine="real", policy=self.policy,
                                 device=str(self.device), close_s=self._close_s,
+                                started_unix_s=self._started_unix_s,
                                 model=_name(self.model_fn), **extra)
 
     # -- submitting ------------------------------------------------------------------
