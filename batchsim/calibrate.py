@@ -338,6 +338,21 @@ def awake_when_pinned(cpus, keep_awake: bool | None = None, name: str = "cpu",
     return kept_awake(cpus, name)
 
 
+def settle_on_cpus(cpus: str | None, keep_awake: bool | None = None, device=None,
+                   name: str = "cpu", flag: str = "keep_awake"):
+    """What ``--cpu`` and ``--keep-awake`` do in ``batchsim validate`` and the fidelity
+    benches: ``cpus`` written as Linux writes them (``cpu_list``; None leaves the
+    threads to the OS) become this process's CPUs (``run_on_cpus``), before any thread
+    starts; returns them (a tuple, or None) and the context to run in
+    (``awake_when_pinned``). Bad values are refused with a ``ValueError`` naming
+    ``name`` or ``flag``, before anything is pinned."""
+    chosen = None if cpus is None else cpu_list(cpus, name)
+    awake = awake_when_pinned(chosen, keep_awake, name, flag)
+    if chosen is not None:
+        run_on_cpus(chosen, name, device)
+    return chosen, awake
+
+
 #: ``calibrate`` warns when its model's capacity is off the measured one by this factor.
 CAPACITY_TOLERANCE = 1.5
 

@@ -315,10 +315,9 @@ def _grid(entries) -> dict:
 def _run_validate(args) -> int:
     from . import calibrate as cal
 
-    cpus = None if args.cpu is None else cal.cpu_list(args.cpu, "--cpu")
-    awake = cal.awake_when_pinned(cpus, args.keep_awake, "--cpu", "--keep-awake")
-    if cpus is not None:  # before any thread starts: the batcher's threads inherit them
-        cal.run_on_cpus(cpus, "--cpu", args.device)
+    # Before any thread starts: the batcher's threads inherit the CPUs.
+    _, awake = cal.settle_on_cpus(args.cpu, args.keep_awake, args.device, "--cpu",
+                                  "--keep-awake")
     with awake:
         return _validate(args, cal)
 

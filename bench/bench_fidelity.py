@@ -118,17 +118,16 @@ def settle_machine(args):
     models want one thread, and the environment variable reaches the worker threads too
     (``torch.set_num_threads`` alone sets it for this thread only).
     """
-    from batchsim.calibrate import awake_when_pinned, cpu_list, run_on_cpus
+    from batchsim.calibrate import settle_on_cpus
 
     if args.nice:
         os.nice(args.nice)
     try:
-        if args.cpu is not None:
-            args.cpu = list(cpu_list(args.cpu, "--cpu"))  # as the results file keeps it
-            run_on_cpus(args.cpu, "--cpu", getattr(args, "device", None))
-        awake = awake_when_pinned(args.cpu, args.keep_awake, "--cpu", "--keep-awake")
+        cpus, awake = settle_on_cpus(args.cpu, args.keep_awake, getattr(args, "device", None),
+                                     "--cpu", "--keep-awake")
     except ValueError as e:
         raise SystemExit(str(e)) from None
+    args.cpu = None if cpus is None else list(cpus)  # as the results file keeps it
     spinners = _AWAKE.enter_context(awake)
     args.keep_awake = spinners is not None  # what was done, for the results file
     os.environ.setdefault("OMP_NUM_THREADS", "1")
