@@ -258,7 +258,9 @@ def _args_validate(p):
     p.add_argument("--grid", nargs="+", default=[],
                    help="NAME=V1,V2,... for max_batch_size, max_wait_ms, load (default "
                    "max_batch_size=8,32 max_wait_ms=0,1 load=0.2,0.5,0.9)")
-    p.add_argument("--arrivals", choices=["poisson", "bursty"], default="poisson")
+    p.add_argument("--arrivals", choices=["poisson", "bursty"], default="poisson",
+                   help="arrival process of the grid's runs (default %(default)s; bursty: "
+                        "on/off, 4x the mean rate for 20 ms, a quarter of it for 60 ms)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, ...")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
