@@ -13,6 +13,11 @@
 #   placement (only with BATCHSIM_GPU_PLACEMENT=1, about 100 s more, outside HARD_S):
 #          saturated throughput with the batcher's threads on all CPUs, 1, 2 or 4, and
 #          with a shorter switch interval -> $OUT/placement_gpu_<device>.json;
+#   pinning (only with BATCHSIM_GPU_PINNING=1, about a minute per model, outside HARD_S):
+#          the encoder and the CNN at bfloat16, batcher after batcher at two
+#          configurations, its threads where the OS puts them or pinned one per CPU
+#          (bench_thread_pinning.py: do the rows' own speeds come from where the threads
+#          land?) -> $OUT/thread_pinning_<model>.{json,log};
 #   fidelity (only with BATCHSIM_GPU_FIDELITY=1, about 5 minutes more on an H200: the
 #          encoder 3.5, the CNN 1.5; outside HARD_S): the simulator calibrated on the
 #          encoder and the CNN at bfloat16 against the real batcher, quick grid, Poisson
@@ -100,6 +105,23 @@ if [ "${BATCHSIM_GPU_PROFILES:-0}" = 1 ]; then
         2>&1 | tee "$OUT/profiles.log"
     echo "profiles exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
     pack
+fi
+
+if [ "${BATCHSIM_GPU_PINNING:-0}" = 1 ]; then
+    echo "== pinning: batcher after batcher, threads where the OS puts them or pinned =="
+    if [ -n "${BATCHSIM_GPU_DRY:-}" ]; then
+        runs=(mlp) PINNING=(--quick --device cpu)
+    else
+        runs=(encoder cnn) PINNING=(--device cuda --dtype bfloat16 --size default --cpu 2-7)
+        if [ "$(nproc)" -lt 8 ]; then PINNING=(--device cuda --dtype bfloat16 --size default); fi
+    fi
+    for model in "${runs[@]}"; do
+        timeout -k 5 150 "$PYTHON" bench/bench_thread_pinning.py --model "$model" \
+            "${PINNING[@]}" --out "$OUT/thread_pinning_${model}.json" 2>&1 \
+            | tee "$OUT/thread_pinning_${model}.log"
+        echo "pinning $model exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+        pack
+    done
 fi
 
 if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then

@@ -2,6 +2,7 @@
 
 import asyncio
 import math
+import os
 import random
 import threading
 import time
@@ -491,6 +492,39 @@ def test_each_batch_records_when_it_was_picked_up_staged_and_launched(pipeline):
         assert (picked <= staged).all() and (staged <= launched).all()
     else:
         assert np.isnan(staged).all()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="thread affinity is Linux's")
+def test_thread_cpus_pin_each_of_the_batchers_threads_in_turn(pipeline):
+    """Two workers: a thread per worker, or two stagers, a launcher and a completer; each
+    pinned to the next of the CPUs given, in turn; the loop's thread left alone."""
+    ours = sorted(os.sched_getaffinity(0))
+    cpus = [ours[-1], ours[0]]
+    seen = {}
+
+    def model(x):
+        seen[threading.current_thread().name] = os.sched_getaffinity(0)
+        return 2 * x + 1
+
+    model.input_spec = SPEC
+    res = run_load(DynamicBatcher(model, bs.BatchPolicy(4, 1.0), workers=2, pipeline=pipeline,
+                                  thread_cpus=cpus), bs.Poisson(2000.0), n_requests=100)
+    names = (["stage-0", "stage-1", "launch", "complete"] if pipeline
+             else ["worker-0", "worker-1"])
+    assert res.meta["thread_cpus"] == {n: cpus[k % 2] for k, n in enumerate(names)}
+    callers = ["batchsim-launch"] if pipeline else ["batchsim-worker-0", "batchsim-worker-1"]
+    assert seen == {n: {res.meta["thread_cpus"][n.removeprefix("batchsim-")]}
+                    for n in callers}
+    assert sorted(os.sched_getaffinity(0)) == ours       # the caller's thread as it was
+    assert "thread_cpus" not in run_load(DynamicBatcher(model, bs.BatchPolicy(4, 1.0)),
+                                         bs.Poisson(2000.0), n_requests=20).meta
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="thread affinity is Linux's")
+@pytest.mark.parametrize("bad", [[], "0", [4096], [True], [0.0], 3])
+def test_thread_cpus_must_be_cpus_this_process_may_run_on(bad):
+    with pytest.raises(ValueError, match=r"thread_cpus must be CPUs this process may run on"):
+        DynamicBatcher(Affine(), bs.BatchPolicy(4, 1.0), thread_cpus=bad)
 
 
 def test_staging_threads_copy_single_threaded_and_leave_the_others_alone():

@@ -53,12 +53,15 @@ import asyncio
 import concurrent.futures
 import heapq
 import math
+import os
 import queue
 import threading
 import time
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import replace
+from numbers import Integral
 
 import numpy as np
 import torch
@@ -126,8 +129,15 @@ class DynamicBatcher:
     it. ``pipeline``: run batches through the stage/launch/complete pipeline of threads
     rather than a thread per worker (default: on CUDA only; see the module doc).
     ``cuda_graphs``: replay the model from CUDA graphs captured at ``start()``
-    (default: on CUDA when the input spec is known; see the module doc). Use it
-    inside a running event loop::
+    (default: on CUDA when the input spec is known; see the module doc).
+    ``thread_cpus``: CPUs to pin the batcher's own threads to, one each in their order (a
+    pipeline's stagers, then its launcher and its completer; else a thread per worker),
+    in turn when there are more threads than CPUs; the event loop runs on the caller's
+    thread, wherever the caller put it. Left out, the OS places them, and each batcher
+    may land differently: on an H200, one batcher's batches spent up to twice as long
+    as another's, same configuration, between dispatch and launch (the threads' part),
+    while their time on the GPU moved little (``bench/results/README.md``). Linux only.
+    Use it inside a running event loop::
 
         async with DynamicBatcher(model, BatchPolicy(32, 5.0)) as batcher:
             y = await batcher.submit(x)
@@ -136,7 +146,7 @@ class DynamicBatcher:
 
     def __init__(self, model_fn, policy: BatchPolicy, workers: int = 1, device=None,
                  input_spec: InputSpec | None = None, *, pipeline: bool | None = None,
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, thread_cpus=None):
         if not callable(model_fn):
             raise ValueError(f"model_fn must be callable, got {model_fn!r}")
         if not isinstance(policy, BatchPolicy):
@@ -154,6 +164,7 @@ class DynamicBatcher:
         if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be True, False or None, got {cuda_graphs!r}")
         self.cuda_graphs = cuda_graphs
+        self.thread_cpus = _thread_cpus(thread_cpus)
         self._graphs_meta: dict | None = None
         self.input_spec = spec
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -268,6 +279,9 @@ class DynamicBatcher:
         if self._idle is None or not self._idle.done():
             raise RuntimeError("result() needs a closed batcher: await batcher.close() first")
         extra = {} if self._graphs_meta is None else {"cuda_graphs": self._graphs_meta}
+        if self.thread_cpus is not None:
+            extra["thread_cpus"] = {t.name.removeprefix("batchsim-"): cpu for t, cpu
+                                    in zip(self._runner.threads, self._runner.cpus, strict=True)}
         return self._log.result(self.workers, engine="real", policy=self.policy,
                                 device=str(self.device), close_s=self._close_s,
                                 started_unix_s=self._started_unix_s,
@@ -532,6 +546,33 @@ class _Graphs:
         return out[:n]
 
 
+def _thread_cpus(cpus) -> tuple[int, ...] | None:
+    """``thread_cpus`` checked: None, or CPUs this process may run on (a non-empty
+    sequence); else a ``ValueError`` naming the parameter and the value."""
+    if cpus is None:
+        return None
+    if not hasattr(os, "sched_setaffinity"):
+        raise ValueError(f"thread_cpus needs Linux (sched_setaffinity), got {cpus!r}")
+    allowed = os.sched_getaffinity(0)
+    chosen = () if isinstance(cpus, str) or not isinstance(cpus, Iterable) else tuple(cpus)
+    if not chosen or any(isinstance(c, bool) or not isinstance(c, Integral)
+                         or c not in allowed for c in chosen):
+        raise ValueError(f"thread_cpus must be CPUs this process may run on, from "
+                         f"{sorted(allowed)}, got {cpus!r}")
+    return tuple(int(c) for c in chosen)
+
+
+def _on_cpu(run, cpu: int | None):
+    """``run``, first pinning the thread that runs it to ``cpu`` (None: as it is)."""
+    if cpu is None:
+        return run
+
+    def pinned():
+        os.sched_setaffinity(0, {cpu})  # on Linux, 0 is the calling thread
+        run()
+    return pinned
+
+
 def _single_threaded_ops() -> None:
     """Make the calling thread's CPU ops single-threaded; other threads keep their count.
 
@@ -713,8 +754,12 @@ class _Runner:
         self.batcher = batcher
         self.steps = steps
         self.slots = [steps.new_slot() for _ in range(batcher.workers)]
-        self.threads = [threading.Thread(target=run, daemon=True, name=f"batchsim-{name}")
-                        for name, run in self._threads()]
+        runs = self._threads()
+        cpus = batcher.thread_cpus
+        self.cpus = [None if cpus is None else cpus[k % len(cpus)] for k in range(len(runs))]
+        self.threads = [threading.Thread(target=_on_cpu(run, cpu), daemon=True,
+                                         name=f"batchsim-{name}")
+                        for (name, run), cpu in zip(runs, self.cpus, strict=True)]
         for thread in self.threads:
             thread.start()
 

@@ -1,0 +1,55 @@
+"""``bench/bench_thread_pinning.py``: batcher after batcher, threads placed by the OS or pinned."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_thread_pinning import arm_summary, instance_speeds  # noqa: E402  (a script)
+
+
+def test_a_batchers_speed_is_its_batches_against_the_median_of_their_size():
+    """Two batchers of each arm; the second pinned one's batches take 1.5x as long, size
+    for size, and half of its time is on the device."""
+    rows = []
+    for arm, instance, slow in (("os", 0, 1.0), ("os", 1, 1.0), ("pinned", 0, 1.0),
+                                ("pinned", 1, 1.5)):
+        for size, us in ((4, 100.0), (8, 160.0), (8, 160.0)):
+            rows.append({"arm": arm, "instance": instance, "size": size,
+                         "worker_us": slow * us, "cpu_us": slow * us / 2,
+                         "device_us": slow * us / 2})
+    per = instance_speeds(pd.DataFrame(rows))
+    per["p50_ms"] = [1.0, 1.0, 1.0, 2.0]
+    speeds = per.set_index(["arm", "instance"])["speed"]
+    assert speeds.to_dict() == {("os", 0): 1.0, ("os", 1): 1.0, ("pinned", 0): 1.0,
+                                ("pinned", 1): 1.5}
+    s = arm_summary(per)
+    assert s["os"]["sd_log_speed"] == 0.0 and s["os"]["batchers"] == 2
+    assert s["pinned"]["sd_log_speed"] == pytest.approx(np.std(np.log([1.0, 1.5]), ddof=1))
+    assert s["pinned"]["median_cpu_us"] == pytest.approx(np.median([80, 120]))
+    assert s["pinned"]["sd_log_p50_ms"] == pytest.approx(np.std(np.log([1.0, 2.0]), ddof=1))
+    per["device_us"] = 0.0   # the CPU: a batch ends as it is launched
+    assert np.isnan(arm_summary(per)["os"]["sd_log_device_us"])
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
+def test_quick_run_starts_batchers_of_both_arms_at_every_configuration(tmp_path):
+    out = tmp_path / "pinning.json"
+    subprocess.run([sys.executable, "bench/bench_thread_pinning.py", "--quick", "--model",
+                    "mlp", "--out", str(out)], cwd=ROOT, check=True, capture_output=True,
+                   timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    report = json.loads(out.read_text())
+    cpus = sorted(os.sched_getaffinity(0))
+    assert report["loop_cpu"] == cpus[0] and report["thread_cpus"] == (cpus[1:] or cpus)
+    assert set(report["configs"]) == {"b8_w1_load0.2", "b32_w0_load0.5"}
+    for config in report["configs"].values():
+        assert {arm: s["batchers"] for arm, s in config["summary"].items()} == {
+            "os": 2, "pinned": 2}
+        assert all(i["batches"] > 0 and i["speed"] > 0 for i in config["instances"])
