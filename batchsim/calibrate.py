@@ -517,7 +517,10 @@ def batch_residuals(service: CalibratedService, res: RunResult):
     recorded when each batch's worker picked it up (``meta["batch_phases_s"]``, the real
     batcher), ``pickup_ms`` is the time from its dispatch to then and
     ``received_after_pickup`` the part of ``received`` that came later, while the model
-    ran (NaN otherwise): which of the two the loop's work for a request delays. Where the
+    ran (NaN otherwise): which of the two the loop's work for a request delays; and
+    ``launch_ms`` the time from its dispatch to its launch (a CUDA pipeline's threads
+    picking it up, staging and launching it; the rest of ``worker_ms`` is the device's
+    part and the completer's; on the CPU a thread per worker launches as it ends). Where the
     run recorded its load generator's turns (``meta["turn_sizes"]``: ``run_load``, and
     ``simulate(..., sender="loop")``), ``turns`` is how many of them brought the requests
     it received (NaN otherwise): at the same count of requests, each further turn costs
@@ -536,8 +539,9 @@ def batch_residuals(service: CalibratedService, res: RunResult):
     typical_ms = _spread_median(service) * _typical_ms(service, b, during, idle)
     keep = slice(WARM_BATCHES, None)
     start_s = res.start_s[keep]
-    picked_s = (res.meta["batch_phases_s"][keep, 0] if "batch_phases_s" in res.meta
-                else np.full(b.size, np.nan))
+    phases_s = (res.meta["batch_phases_s"][keep] if "batch_phases_s" in res.meta
+                else np.full((b.size, 3), np.nan))
+    picked_s = phases_s[:, 0]
     after = (np.searchsorted(res.arrival_s, res.end_s[keep], "left")
              - np.searchsorted(res.arrival_s, np.maximum(picked_s, start_s), "right"))
     turns = np.full(b.size, np.nan)
@@ -553,6 +557,7 @@ def batch_residuals(service: CalibratedService, res: RunResult):
                          "idle_ms": idle, "received": during, "worker_ms": worker_ms,
                          "typical_ms": typical_ms, "ratio": worker_ms / typical_ms,
                          "pickup_ms": 1e3 * (picked_s - start_s),
+                         "launch_ms": 1e3 * (phases_s[:, 2] - start_s),
                          "received_after_pickup": np.where(np.isnan(picked_s), np.nan,
                                                            np.maximum(after, 0)),
                          "turns": turns})

@@ -18,6 +18,9 @@ runs, then each arrival set), by:
   the core: the requests delay the batch's start, not its model);
 * batch size and idle time together: how far the cells' ratios stray from the part's
   (``size_by_idle``), a pattern no single cost fits;
+* where the runs recorded each batch's launch (a CUDA pipeline): which part of a batch
+  moves from row to row, the threads' (dispatch to launch) or the device's
+  (``phase_spread``);
 * those requests and the load generator's turns that brought them, where the run
   recorded its turns (``run_load`` does): at the same count of requests, what each
   further turn costs;
@@ -143,6 +146,40 @@ def size_by_idle(table, min_batches: int = PATTERN_MIN_BATCHES) -> dict:
             "max_abs_log": float(off.max()) if off.size else float("nan")}
 
 
+def phase_spread(table, min_batches: int = PATTERN_MIN_BATCHES) -> dict:
+    """Which part of a batch carries the rows' own speeds, where the runs recorded when
+    each batch was launched (``launch_ms``; empty otherwise): per cell of row x size bin
+    (``min_batches`` or more), the median ratio, and the median time from dispatch to
+    launch (the threads picking the batch up, staging and launching it) and from launch
+    to the end (the device's part), each over its size bin's median across the cells;
+    the standard deviation of their logs across the cells, and the median share of the
+    first part in a batch's time. On an H200 the encoder's first part spread 1.5-3x
+    as far as its second, the CNN's both alike; the first was 46-79% of a batch's time
+    (``bench/results/README.md``)."""
+    if table["launch_ms"].isna().all():
+        return {}
+    parts = table.assign(device_ms=table["worker_ms"] - table["launch_ms"])
+    cells = parts.groupby(["row", "size_bin"], observed=True).agg(
+        batches=("ratio", "size"), ratio=("ratio", "median"),
+        launch=("launch_ms", "median"), device=("device_ms", "median"))
+    cells = cells[cells["batches"] >= min_batches]
+    by_size = cells.groupby(level="size_bin", observed=True)
+    rel = {part: cells[part] / by_size[part].transform("median")
+           for part in ("launch", "device")}
+    return {"cells": len(cells), "sd_log_ratio": _sd_log(cells["ratio"]),
+            "sd_log_launch": _sd_log(rel["launch"]), "sd_log_device": _sd_log(rel["device"]),
+            "launch_share": float((cells["launch"] / (cells["launch"] + cells["device"]))
+                                  .median()) if len(cells) else float("nan")}
+
+
+def _sd_log(values) -> float:
+    """The standard deviation of ``log(values)``; NaN unless there are two or more and
+    every one is positive."""
+    values = np.asarray(values, float)
+    return (float(np.log(values).std(ddof=1)) if values.size > 1 and (values > 0).all()
+            else float("nan"))
+
+
 def row_speeds(table) -> dict:
     """How fast each row ran (its batches' median ratio) and how rows' speeds relate:
     their 5th and 95th percentiles and standard deviation, the correlation of
@@ -165,11 +202,12 @@ def analyze(saved: dict, recalibration: bool = False) -> dict:
     row speeds, against the first calibration (or the one made after the grid)."""
     service = saved["recalibration" if recalibration else "service"]
     table = batches(service, saved["calibration_runs"])
-    out = {"calibration_runs": {**by_group(table), "size_by_idle": size_by_idle(table)}}
+    out = {"calibration_runs": {**by_group(table), "size_by_idle": size_by_idle(table),
+                                "phase_spread": phase_spread(table)}}
     for name, runs in saved["runs"].items():
         table = batches(service, [run["real"] for run in runs])
         out[name] = {**by_group(table), "size_by_idle": size_by_idle(table),
-                     "row_speeds": row_speeds(table)}
+                     "row_speeds": row_speeds(table), "phase_spread": phase_spread(table)}
     return out
 
 
@@ -184,6 +222,14 @@ def print_report(report: dict) -> None:
                       f"(5th-95th), sd {s['sd']:.3f}; consecutive rows' correlation "
                       f"{s['lag1_corr']:+.2f}; halves' correlation {s['halves_corr']:+.2f}, "
                       f"half their difference sd {s['half_diff_sd']:.3f}")
+                continue
+            if column == "phase_spread":
+                if cells:
+                    print(f"   {'batch parts':>18}: over {cells['cells']} cells of row x "
+                          f"size, sd of log: ratio {cells['sd_log_ratio']:.3f}, dispatch to "
+                          f"launch {cells['sd_log_launch']:.3f}, launch to end "
+                          f"{cells['sd_log_device']:.3f} (dispatch to launch a median "
+                          f"{cells['launch_share']:.0%} of a batch's time)")
                 continue
             if column == "size_by_idle":
                 print(f"   {'size x idle':>18}: cells off the part's median by "

@@ -17,7 +17,7 @@ from batchsim.calibrate import at_speed
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from bench_batch_residuals import analyze, label_bins  # noqa: E402  (a script)
+from bench_batch_residuals import analyze, label_bins, phase_spread  # noqa: E402  (a script)
 
 #: The speeds the rows of the constructed arrival set are simulated at, in row order.
 SPEEDS = (1.0, 1.2, 0.9, 1.1, 1.05)
@@ -61,6 +61,7 @@ def test_every_group_reads_the_speed_its_rows_ran_at():
     assert set(poisson["trigger"]) == {"size", "timeout"}
     assert sum(c["batches"] for c in poisson["size_bin"].values()) == sum(
         run["real"].n_batches - 2 for run in saved["runs"]["poisson"])
+    assert poisson["phase_spread"] == {}   # nor when it launched each batch
     speeds = poisson["row_speeds"]
     np.testing.assert_allclose(speeds["median_ratio"], SPEEDS, rtol=1e-9)
     assert speeds["lag1_corr"] == pytest.approx(np.corrcoef(SPEEDS[:-1], SPEEDS[1:])[0, 1])
@@ -104,6 +105,24 @@ def test_size_by_idle_reads_how_far_cells_stray_from_the_median():
     assert got["mean_abs_log"] == pytest.approx(np.average(off, weights=[30, 50, 20]))
     assert got["max_abs_log"] == pytest.approx(np.log(1.25))
     assert np.isnan(size_by_idle(table, min_batches=100)["mean_abs_log"])
+
+
+def test_phase_spread_says_which_part_of_a_batch_moves_from_row_to_row():
+    """Two rows of one size: the second's batches take 100 us longer from dispatch to
+    launch, the same from launch to the end; a third row of too few batches is left out."""
+    import pandas as pd
+
+    table = pd.DataFrame({"row": [0] * 20 + [1] * 20 + [2] * 5, "size_bin": "8-15",
+                          "launch_ms": [0.1] * 20 + [0.2] * 20 + [0.9] * 5,
+                          "worker_ms": [0.2] * 20 + [0.3] * 20 + [1.0] * 5})
+    table["ratio"] = table["worker_ms"] / 0.25
+    got = phase_spread(table, min_batches=20)
+    assert got["cells"] == 2
+    assert got["sd_log_launch"] == pytest.approx(np.std(np.log([0.1, 0.2]), ddof=1))
+    assert got["sd_log_ratio"] == pytest.approx(np.std(np.log([0.2, 0.3]), ddof=1))
+    assert got["sd_log_device"] == pytest.approx(0.0, abs=1e-12)
+    assert got["launch_share"] == pytest.approx(np.median([0.5, 2 / 3]))
+    assert phase_spread(table.assign(launch_ms=np.nan)) == {}
 
 
 def test_bins_are_named_by_their_ends_in_order():

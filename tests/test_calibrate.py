@@ -227,7 +227,7 @@ def test_batch_residuals_set_every_batch_against_its_prediction():
                                1e3 * (run.end_s - run.start_s)[WARM_BATCHES:])
     # A simulated run does not say when a worker picked its batch up, nor, without a
     # sender on the loop, in which turns the requests came.
-    assert table[["pickup_ms", "received_after_pickup", "turns"]].isna().all().all()
+    assert table[["pickup_ms", "launch_ms", "received_after_pickup", "turns"]].isna().all().all()
     assert table["received"].iloc[-1] == 0
     run.end_s[-1] += 0.002
     last = batch_residuals(svc, run).iloc[-1]

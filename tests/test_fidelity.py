@@ -89,6 +89,10 @@ def test_throughput_agrees_over_a_grid(service):
     # model sleeps with the GIL released, so the loop received requests while it ran.
     table = batch_residuals(service, runs[-1]["real"])
     assert table["pickup_ms"].between(0, table["worker_ms"]).all()
+    # On the CPU a thread per worker reports a batch launched as it ends.
+    assert (table["pickup_ms"] <= table["launch_ms"]).all()
+    assert (table["launch_ms"] <= table["worker_ms"]).all()
+    assert (table["worker_ms"] - table["launch_ms"]).median() < 0.05
     assert (table["received_after_pickup"] <= table["received"]).all()
     assert table["received_after_pickup"].sum() > 0
     # The real load generator recorded its turns: each brought a batch at least one request.

@@ -134,9 +134,10 @@ class DynamicBatcher:
     pipeline's stagers, then its launcher and its completer; else a thread per worker),
     in turn when there are more threads than CPUs; the event loop runs on the caller's
     thread, wherever the caller put it. Left out, the OS places them, and each batcher
-    may land differently: on an H200, one batcher's batches spent up to twice as long
-    as another's, same configuration, between dispatch and launch (the threads' part),
-    while their time on the GPU moved little (``bench/results/README.md``). Linux only.
+    may land differently: on an H200, the encoder's batches under one batcher spent up
+    to twice as long as under another, same configuration, between dispatch and launch
+    (the threads' part), while the part from launch to the end moved little
+    (``bench/results/README.md``). Linux only.
     Use it inside a running event loop::
 
         async with DynamicBatcher(model, BatchPolicy(32, 5.0)) as batcher:
