@@ -153,7 +153,7 @@ def phase_spread(table, min_batches: int = PATTERN_MIN_BATCHES) -> dict:
     launch (the threads picking the batch up, staging and launching it) and from launch
     to the end (the device's part), each over its size bin's median across the cells;
     the standard deviation of their logs across the cells, and the median share of the
-    first part in a batch's time. On an H200 the encoder's first part spread 1.5-3x
+    first part in a batch's time. On an H200 the encoder's first part spread 1.2-3x
     as far as its second, the CNN's both alike; the first was 46-79% of a batch's time
     (``bench/results/README.md``)."""
     if table["launch_ms"].isna().all():

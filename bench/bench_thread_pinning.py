@@ -4,7 +4,7 @@ On an H200, rows of a fidelity grid ran at speeds of their own: a row's first ha
 batches predicted its second (correlation +0.6 to +0.95), the next row's not (about 0).
 Taken apart (``bench_batch_residuals.py``'s ``phase_spread``), the encoder's part of a
 batch between its dispatch and its launch -- the pipeline's threads picking it up,
-staging and launching it -- moved 1.5-3x as far from row to row as the part from its
+staging and launching it -- moved 1.2-3x as far from row to row as the part from its
 launch to its end, and in its slowest rows only the first part grew (the CNN's two
 parts moved alike). Every row starts a new batcher, whose threads the OS places anew
 among the process's CPUs. This bench
