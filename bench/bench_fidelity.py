@@ -55,7 +55,10 @@ the arrival sets in order (``tracked_err_*``, ``fidelity(speed_history=)``,
 ``TRACKED_RUNS``): the calibration's level kept up to date from runs already made.
 With ``--cpu`` the bench keeps those CPUs out of their idle state
 (``batchsim.calibrate.awake_when_pinned``); ``--no-keep-awake`` lets it idle, as the
-grids before that default did.
+grids before that default did. ``--pin-threads`` puts the event loop on the first of
+those CPUs and every batcher's threads one per CPU on the others, in the calibration and
+every row alike (``DynamicBatcher(thread_cpus=...)``): on an H200 each row's batcher ran
+at a speed of its own, in its threads' part of each batch (``bench_thread_pinning.py``).
 """
 
 from __future__ import annotations
@@ -94,15 +97,20 @@ def workloads() -> dict:
 
 
 def add_machine_args(p: argparse.ArgumentParser, awake_by_default: bool = False) -> None:
-    """``--nice``, ``--cpu`` and ``--keep-awake``: how the bench keeps the machine's noise
-    out. ``awake_by_default``: ``--cpu`` is kept awake unless ``--no-keep-awake`` (the
-    fidelity bench's default, ``batchsim.calibrate.awake_when_pinned``); else only with
-    ``--keep-awake``."""
+    """``--nice``, ``--cpu``, ``--pin-threads`` and ``--keep-awake``: how the bench keeps
+    the machine's noise out. ``awake_by_default``: ``--cpu`` is kept awake unless
+    ``--no-keep-awake`` (the fidelity bench's default,
+    ``batchsim.calibrate.awake_when_pinned``); else only with ``--keep-awake``."""
     p.add_argument("--nice", type=int, default=0, help="os.nice increment (negative: root)")
     p.add_argument("--cpu", default=None,
                    help="run on these CPUs, as 0, 2-7 or 2,3 (on one CPU the event loop and "
                         "the batcher's worker share it; a GPU batcher's pipeline wants a CPU "
                         "for each of its four threads; default: wherever the OS puts them)")
+    p.add_argument("--pin-threads", action="store_true",
+                   help="the event loop on the first of --cpu and each of a batcher's "
+                        "threads on one of the others, in every batcher the bench makes "
+                        "(DynamicBatcher(thread_cpus=...), through BATCHSIM_THREAD_CPUS); "
+                        "needs two or more CPUs")
     p.add_argument("--keep-awake", action=argparse.BooleanOptionalAction,
                    default=None if awake_by_default else False,
                    help="keep --cpu out of their idle state: a process spins on each at "
@@ -111,8 +119,8 @@ def add_machine_args(p: argparse.ArgumentParser, awake_by_default: bool = False)
 
 
 def settle_machine(args):
-    """Apply ``--nice``, ``--cpu`` and ``--keep-awake``, then load torch with one thread;
-    returns torch.
+    """Apply ``--nice``, ``--cpu`` and ``--keep-awake``, then load torch with one thread,
+    then ``--pin-threads``; returns torch.
 
     Before any thread starts (threads inherit the CPU) and before torch loads: tiny
     models want one thread, and the environment variable reaches the worker threads too
@@ -128,12 +136,20 @@ def settle_machine(args):
     except ValueError as e:
         raise SystemExit(str(e)) from None
     args.cpu = None if cpus is None else list(cpus)  # as the results file keeps it
+    if args.pin_threads and (cpus is None or len(cpus) < 2):
+        raise SystemExit(f"--pin-threads needs two or more CPUs in --cpu (the event loop on "
+                         f"the first, a batcher's threads on the others), got {args.cpu}")
     spinners = _AWAKE.enter_context(awake)
     args.keep_awake = spinners is not None  # what was done, for the results file
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
     torch.set_num_threads(1)
+    if args.pin_threads:  # after the spinners start: they check the CPUs against ours
+        from batchsim.real.batcher import THREAD_CPUS_ENV
+
+        os.environ[THREAD_CPUS_ENV] = ",".join(map(str, cpus[1:]))
+        os.sched_setaffinity(0, {cpus[0]})
     return torch
 
 
@@ -234,7 +250,7 @@ def main() -> None:
               "dtype": str(model.input_spec.dtype).removeprefix("torch."),
               "torch": torch.__version__, "python": platform.python_version(),
               "cpu_count": os.cpu_count(), "torch_threads": 1, "nice": args.nice, "cpu": args.cpu,
-              "keep_awake": args.keep_awake,
+              "keep_awake": args.keep_awake, "pin_threads": args.pin_threads,
               "quick": args.quick, "duration_s": duration_s, "grid": grid, "targets": TARGETS,
               "calibration": service.to_dict(), "calibrate_s": calibrate_s,
               "loadavg_start": os.getloadavg(), "workloads": {}}

@@ -105,7 +105,12 @@ def main() -> None:
     add_machine_args(p, awake_by_default=True)
     p.add_argument("--out", default=None, help="results JSON (default bench/results/...)")
     args = p.parse_args()
+    if args.pin_threads:
+        p.error("--pin-threads: this bench pins the threads of every other batcher itself")
     torch = settle_machine(args)
+    from batchsim.real.batcher import THREAD_CPUS_ENV
+
+    os.environ.pop(THREAD_CPUS_ENV, None)  # the "os" arm's batchers: where the OS puts them
 
     import pandas as pd
 

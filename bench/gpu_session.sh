@@ -37,7 +37,9 @@
 #          row's backlogs against the real batcher -> $OUT/backlog_<model>_bfloat16.{json,log}
 #          (bench_backlog.py). BATCHSIM_GPU_PAIR=1 then runs the CNN again the same way
 #          with its threads where the OS puts them (<model> cnn_os_placed; about 1.5
-#          minutes more): the other half of a pair on one machine. Where nvidia-smi is,
+#          minutes more): the other half of a pair on one machine. BATCHSIM_GPU_PIN_THREADS=1
+#          pins the event loop to the first of those CPUs and each batcher's threads one
+#          per CPU on the others (bench_fidelity.py --pin-threads). Where nvidia-smi is,
 #          the GPU's clocks are logged every 50 ms during each run -> gpu_clocks_<model>.csv,
 #          and set beside its batches -> gpu_clocks_<model>_bfloat16.{json,log}
 #          (bench_gpu_clocks.py: did the rows that ran slow run at lower clocks?).
@@ -134,6 +136,9 @@ if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then
         dtype=bfloat16 FID=(--device cuda --size default)
         if [ "$(nproc)" -ge 8 ]; then cpus=${BATCHSIM_GPU_CPUS-2-7}; else cpus=""; fi
         if [ -n "$cpus" ]; then PIN=(--cpu "$cpus"); fi
+        if [ -n "$cpus" ] && [ "${BATCHSIM_GPU_PIN_THREADS:-0}" = 1 ]; then
+            PIN+=(--pin-threads)
+        fi
     fi
     runs=(encoder cnn)
     if [ "${BATCHSIM_GPU_PAIR:-0}" = 1 ]; then runs+=(cnn_os_placed); fi

@@ -53,3 +53,34 @@ def test_quick_run_starts_batchers_of_both_arms_at_every_configuration(tmp_path)
         assert {arm: s["batchers"] for arm, s in config["summary"].items()} == {
             "os": 2, "pinned": 2}
         assert all(i["batches"] > 0 and i["speed"] > 0 for i in config["instances"])
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two CPUs to pin to, and Linux")
+def test_the_benches_pin_threads_puts_the_loop_first_and_every_batcher_on_the_rest():
+    """``--pin-threads`` (every bench built on ``settle_machine``): the caller's thread on
+    the first CPU of ``--cpu``, and the threads of each batcher made afterwards, even one
+    a library function makes, on the others."""
+    cpus = sorted(os.sched_getaffinity(0))
+    script = (
+        "import argparse, os, sys\n"
+        "sys.path.insert(0, 'bench')\n"
+        "from bench_fidelity import add_machine_args, settle_machine\n"
+        "p = argparse.ArgumentParser(); add_machine_args(p)\n"
+        "settle_machine(p.parse_args(sys.argv[1:]))\n"
+        "import batchsim as bs\n"
+        "from batchsim.real import make_model, run_load\n"
+        "run = run_load(make_model('mlp', size='tiny'), bs.Poisson(2000.0), "
+        "bs.BatchPolicy(4, 1.0), n_requests=50)\n"
+        "print('loop', sorted(os.sched_getaffinity(0)), 'threads', run.meta['thread_cpus'])\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cpu_list = ",".join(map(str, cpus))
+    done = subprocess.run([sys.executable, "-c", script, "--cpu", cpu_list, "--pin-threads"],
+                          cwd=ROOT, check=True, capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert f"loop [{cpus[0]}] threads {{'worker-0': {cpus[1]}}}" in done.stdout
+    refused = subprocess.run([sys.executable, "-c", script, "--cpu", str(cpus[0]),
+                              "--pin-threads"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=120, env=env)
+    assert refused.returncode != 0
+    assert "--pin-threads needs two or more CPUs in --cpu" in refused.stderr

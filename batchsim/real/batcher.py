@@ -133,7 +133,10 @@ class DynamicBatcher:
     ``thread_cpus``: CPUs to pin the batcher's own threads to, one each in their order (a
     pipeline's stagers, then its launcher and its completer; else a thread per worker),
     in turn when there are more threads than CPUs; the event loop runs on the caller's
-    thread, wherever the caller put it. Left out, the OS places them, and each batcher
+    thread, wherever the caller put it. Left out, the CPUs listed in the environment
+    variable ``BATCHSIM_THREAD_CPUS`` (``THREAD_CPUS_ENV``, comma-separated; the
+    benches' ``--pin-threads`` sets it, for the batchers ``calibrate`` and ``fidelity``
+    make too), else none: the OS places them, and each batcher
     may land differently: on an H200, the encoder's batches under one batcher spent up
     to twice as long as under another, same configuration, between dispatch and launch
     (the threads' part), while the part from launch to the end moved little
@@ -165,7 +168,8 @@ class DynamicBatcher:
         if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be True, False or None, got {cuda_graphs!r}")
         self.cuda_graphs = cuda_graphs
-        self.thread_cpus = _thread_cpus(thread_cpus)
+        self.thread_cpus = _thread_cpus(_env_thread_cpus() if thread_cpus is None
+                                        else thread_cpus)
         self._graphs_meta: dict | None = None
         self.input_spec = spec
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -547,6 +551,23 @@ class _Graphs:
         return out[:n]
 
 
+#: The environment variable ``DynamicBatcher`` takes ``thread_cpus`` from when it is not
+#: given: CPU numbers separated by commas.
+THREAD_CPUS_ENV = "BATCHSIM_THREAD_CPUS"
+
+
+def _env_thread_cpus() -> list[int] | None:
+    """The CPUs ``THREAD_CPUS_ENV`` lists, or None where it is unset or empty."""
+    value = os.environ.get(THREAD_CPUS_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        return [int(c) for c in value.split(",")]
+    except ValueError:
+        raise ValueError(f"{THREAD_CPUS_ENV} must be CPU numbers separated by commas, got "
+                         f"{value!r}") from None
+
+
 def _thread_cpus(cpus) -> tuple[int, ...] | None:
     """``thread_cpus`` checked: None, or CPUs this process may run on (a non-empty
     sequence); else a ``ValueError`` naming the parameter and the value."""
@@ -554,13 +575,25 @@ def _thread_cpus(cpus) -> tuple[int, ...] | None:
         return None
     if not hasattr(os, "sched_setaffinity"):
         raise ValueError(f"thread_cpus needs Linux (sched_setaffinity), got {cpus!r}")
-    allowed = os.sched_getaffinity(0)
     chosen = () if isinstance(cpus, str) or not isinstance(cpus, Iterable) else tuple(cpus)
     if not chosen or any(isinstance(c, bool) or not isinstance(c, Integral)
-                         or c not in allowed for c in chosen):
-        raise ValueError(f"thread_cpus must be CPUs this process may run on, from "
-                         f"{sorted(allowed)}, got {cpus!r}")
+                         or not _may_run_on(int(c)) for c in chosen):
+        raise ValueError(f"thread_cpus must be CPUs this process may run on, got {cpus!r}")
     return tuple(int(c) for c in chosen)
+
+
+def _may_run_on(cpu: int) -> bool:
+    """Whether a thread of this process may be pinned to ``cpu``: tried on the calling
+    thread and undone (its own mask may be narrower than the process's: a caller that
+    keeps the event loop on one CPU and the batcher's threads on others)."""
+    here = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {cpu})
+        return True
+    except (OSError, ValueError, OverflowError):
+        return False
+    finally:
+        os.sched_setaffinity(0, here)
 
 
 def _on_cpu(run, cpu: int | None):
