@@ -133,15 +133,14 @@ class DynamicBatcher:
     ``thread_cpus``: CPUs to pin the batcher's own threads to, one each in their order (a
     pipeline's stagers, then its launcher and its completer; else a thread per worker),
     in turn when there are more threads than CPUs; the event loop runs on the caller's
-    thread, wherever the caller put it. Left out, the CPUs listed in the environment
-    variable ``BATCHSIM_THREAD_CPUS`` (``THREAD_CPUS_ENV``, comma-separated; the
-    benches' ``--pin-threads`` sets it, for the batchers ``calibrate`` and ``fidelity``
-    make too), else none: the OS places them, and each batcher
-    may land differently: on an H200, the encoder's batches under one batcher spent up
-    to twice as long as under another, same configuration, between dispatch and launch
-    (the threads' part), while the part from launch to the end moved little
-    (``bench/results/README.md``). Linux only.
-    Use it inside a running event loop::
+    thread, wherever the caller put it. Left out, it is the CPUs the environment
+    variable ``BATCHSIM_THREAD_CPUS`` lists (``THREAD_CPUS_ENV``, comma-separated; the
+    benches' ``--pin-threads`` sets it, so that the batchers ``calibrate`` and
+    ``fidelity`` make are pinned too), else none: the OS places the threads, and each
+    batcher may land differently. On an H200 the encoder's batches under one batcher
+    spent up to twice as long as under another, same configuration, between dispatch
+    and launch (the threads' part), while the part from launch to the end moved little
+    (``bench/results/README.md``). Linux only. Use it inside a running event loop::
 
         async with DynamicBatcher(model, BatchPolicy(32, 5.0)) as batcher:
             y = await batcher.submit(x)
@@ -602,7 +601,10 @@ def _on_cpu(run, cpu: int | None):
         return run
 
     def pinned():
-        os.sched_setaffinity(0, {cpu})  # on Linux, 0 is the calling thread
+        try:
+            os.sched_setaffinity(0, {cpu})  # on Linux, 0 is the calling thread
+        except OSError:
+            pass  # the CPU went away since it was checked: run where the thread is
         run()
     return pinned
 
