@@ -166,15 +166,15 @@ def phase_spread(table, min_batches: int = PATTERN_MIN_BATCHES) -> dict:
     by_size = cells.groupby(level="size_bin", observed=True)
     rel = {part: cells[part] / by_size[part].transform("median")
            for part in ("launch", "device")}
-    return {"cells": len(cells), "sd_log_ratio": _sd_log(cells["ratio"]),
-            "sd_log_launch": _sd_log(rel["launch"]), "sd_log_device": _sd_log(rel["device"]),
+    return {"cells": len(cells), "sd_log_ratio": sd_log(cells["ratio"]),
+            "sd_log_launch": sd_log(rel["launch"]), "sd_log_device": sd_log(rel["device"]),
             "launch_share": float((cells["launch"] / (cells["launch"] + cells["device"]))
                                   .median()) if len(cells) else float("nan")}
 
 
-def _sd_log(values) -> float:
+def sd_log(values) -> float:
     """The standard deviation of ``log(values)``; NaN unless there are two or more and
-    every one is positive."""
+    every one is positive (on the CPU a batch ends as it is launched: no device part)."""
     values = np.asarray(values, float)
     return (float(np.log(values).std(ddof=1)) if values.size > 1 and (values > 0).all()
             else float("nan"))

@@ -39,9 +39,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_batch_residuals import sd_log
 from bench_fidelity import add_machine_args, settle_machine, write_report
 
 import batchsim as bs
+from batchsim.calibrate import WARM_BATCHES
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: (max_batch_size, max_wait_ms, load as a fraction of the saturated throughput): the
@@ -51,12 +53,13 @@ ARMS = ("os", "pinned")
 
 
 def batch_table(run, arm: str, instance: int):
-    """One row per batch of ``run`` but the first two (warm-up): size, time on its worker
-    and its two parts (dispatch to launch, launch to end), µs."""
+    """One row per batch of ``run`` but the first ``WARM_BATCHES`` (they warm the worker
+    up): size, time on its worker and its two parts (dispatch to launch, launch to end),
+    µs."""
     import pandas as pd
 
     launched = run.meta["batch_phases_s"][:, 2]
-    keep = slice(2, None)
+    keep = slice(WARM_BATCHES, None)
     return pd.DataFrame({"arm": arm, "instance": instance, "size": run.size[keep],
                          "worker_us": 1e6 * (run.end_s - run.start_s)[keep],
                          "cpu_us": 1e6 * (launched - run.start_s)[keep],
@@ -81,16 +84,9 @@ def arm_summary(per_instance) -> dict:
         out[arm] = {"batchers": len(part),
                     **{f"median_{m}": float(part[m].median())
                        for m in ("speed", "cpu_us", "device_us", "p50_ms")},
-                    **{f"sd_log_{m}": _sd_log(part[m])
+                    **{f"sd_log_{m}": sd_log(part[m])
                        for m in ("speed", "cpu_us", "device_us", "p50_ms")}}
     return out
-
-
-def _sd_log(values) -> float:
-    """The standard deviation of ``log(values)``; NaN unless every value is positive (on
-    the CPU a batch ends as it is launched: no device part)."""
-    values = np.asarray(values, float)
-    return float(np.log(values).std(ddof=1)) if (values > 0).all() else float("nan")
 
 
 def main() -> None:
