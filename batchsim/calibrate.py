@@ -39,11 +39,8 @@ The module is callable: ``batchsim.calibrate(model)`` is ``batchsim.calibrate.ca
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import math
-import os
-import subprocess
 import sys
 import time
 import types
@@ -56,6 +53,7 @@ import numpy as np
 from . import _check
 from ._aio import run_to_completion
 from ._gc import collector_paused
+from .cpus import process_cpus
 from .policy import BatchPolicy
 from .result import COMPLETED, RunResult
 from .service import BatcherCosts, CalibratedService, ServiceModel, quantile_at
@@ -147,7 +145,7 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
                                                              type(model).__name__),
         "device": s_b.metadata.get("device"),
         "dtype": s_b.metadata.get("dtype"), "torch": s_b.metadata.get("torch"),
-        "cpu_threads": s_b.metadata.get("cpu_threads"), "cpus": _cpus(), "profile": profile,
+        "cpu_threads": s_b.metadata.get("cpu_threads"), "cpus": process_cpus(), "profile": profile,
         "date": datetime.now(UTC).isoformat(timespec="seconds"), "n_requests": n,
         "seed": seed, "calibration_policies": [str(r.meta["policy"]) for r in measured],
         "saturated_rps": measured[0].meta["saturated_rps"], "timer_fit": timer_fit,
@@ -209,148 +207,6 @@ def _fitted(s_b: ServiceModel, measured: list, timer: BatcherCosts,
                 "stall_ms_per_s": worker["stall_ms_per_s"]}
     return CalibratedService(s_b, worker["per_batch_ms"], worker["per_item_ms"],
                              worker["jitter_quantiles"], costs, metadata)
-
-
-def _cpus() -> list[int] | None:
-    """The CPUs this process may run on (None where the OS does not say)."""
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-
-
-def cpu_list(text: str, name: str = "cpu") -> tuple[int, ...]:
-    """CPU numbers written as Linux writes them (``"0"``, ``"2-5"``, ``"2,3,8-9"``), as a
-    sorted tuple; anything else is refused with a ``ValueError`` naming ``name``."""
-    cpus = set()
-    try:
-        for part in str(text).split(","):
-            lo, dash, hi = part.partition("-")
-            first, last = int(lo), int(hi if dash else lo)
-            if first < 0 or last < first:
-                raise ValueError
-            cpus.update(range(first, last + 1))
-    except ValueError:
-        raise ValueError(f"{name} must be CPU numbers like 0, 2-5 or 2,3,8-9, got "
-                         f"{text!r}") from None
-    return tuple(sorted(cpus))
-
-
-def _checked_cpus(cpus, name: str) -> tuple[int, ...]:
-    """``cpus`` (one CPU number or several) as a tuple, each one this process may run on;
-    else a ``ValueError`` naming ``name``."""
-    chosen = (cpus,) if isinstance(cpus, int) else tuple(cpus)
-    ours = _cpus() or []
-    if not chosen or any(cpu not in ours for cpu in chosen):
-        raise ValueError(f"{name} must be one of this process's CPUs {ours}, got "
-                         f"{cpus if isinstance(cpus, int) else list(chosen)!r}")
-    return chosen
-
-
-#: The threads of a batcher on CUDA: the event loop, and the pipeline's stager, launcher
-#: and completer (one worker).
-CUDA_THREADS = 4
-
-
-def run_on_cpus(cpus, name: str = "cpu", device=None) -> None:
-    """Run the calling thread, and every thread it starts afterwards, on ``cpus`` (one CPU
-    number or several) only.
-
-    Called before a batcher starts. On one CPU its event loop and its worker share that
-    CPU, in a calibration and in every run after it (``bench/bench_thread_placement.py``:
-    where the OS puts the two changes what a hand-over between them costs). A GPU
-    batcher's pipeline has three threads besides the loop: on one CPU they queue for it
-    (on an H200 the calibrations fell 15-64% apart), so with ``device`` CUDA fewer than
-    ``CUDA_THREADS`` CPUs draw a warning. A CPU this process may not run on is refused
-    with a ``ValueError`` naming ``name``.
-    """
-    chosen = _checked_cpus(cpus, name)
-    if str(device).startswith("cuda") and len(chosen) < CUDA_THREADS:
-        warnings.warn(f"{name} gives a GPU batcher {len(chosen)} CPU(s) {list(chosen)} for "
-                      f"its {CUDA_THREADS} threads, which then queue for them: give "
-                      f"{CUDA_THREADS} or more (e.g. 2-7)", stacklevel=2)
-    os.sched_setaffinity(0, set(chosen))
-
-
-#: The program ``kept_awake`` runs on each CPU it keeps awake: a busy loop at the lowest
-#: priority Linux has (``SCHED_IDLE``), which looks up now and then whether the process
-#: that started it is still there, and ends when it is not.
-_SPINNER = """
-import os, sys
-parent = os.getppid()
-os.sched_setaffinity(0, {int(sys.argv[1])})
-os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-while os.getppid() == parent:
-    for _ in range(100_000):
-        pass
-"""
-
-
-@contextlib.contextmanager
-def kept_awake(cpus, name: str = "cpu"):
-    """Keep ``cpus`` (one CPU number or several) out of their idle state while the block
-    runs; the block gets the spinners' processes, one per CPU.
-
-    A real batcher leaves its CPUs idle between batches. A virtual machine's CPU
-    that idles is given back to the host, and the batch that wakes it runs slower by
-    an amount that changes from second to second with what the host ran meanwhile. The
-    tiny CNN timed with pauses between batches (``bench/bench_keep_awake.py``), kept
-    awake: 0.91x the median batch time, 0.83x the mean, half the spread of its speed
-    over 1.5 s windows. On an H200 machine, with the GPU batcher's process on six CPUs
-    kept awake, the CNN's batches lost a pattern of size and idle time together that
-    no wake-up table fits (``bench/bench_batch_residuals.py``: 3.6% against 12.8% in the
-    calibration's runs), and its rows' speeds spread half as much. Servers tuned for
-    latency keep their CPUs out of
-    idle states (``idle=poll``, C-states off); so does this, with a process that spins
-    on each CPU at ``SCHED_IDLE`` priority: it runs only when nothing else there wants
-    to, and gives the CPU up at once when something does. Separate processes, so they
-    take nobody's GIL. Linux only; a CPU this process may not run on is refused with a
-    ``ValueError`` naming ``name``.
-    """
-    chosen = _checked_cpus(cpus, name)
-    if not hasattr(os, "SCHED_IDLE"):
-        raise ValueError(f"{name}: keeping a CPU awake needs Linux (SCHED_IDLE), got "
-                         f"{sys.platform}")
-    spinners = []
-    try:
-        for cpu in chosen:
-            spinners.append(subprocess.Popen([sys.executable, "-c", _SPINNER, str(cpu)]))
-        yield spinners
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
-
-
-def awake_when_pinned(cpus, keep_awake: bool | None = None, name: str = "cpu",
-                      flag: str = "keep_awake"):
-    """The context a fidelity check runs in: on ``cpus``, when given (one CPU number or
-    several), ``kept_awake`` unless ``keep_awake`` is False; nothing to do without.
-
-    ``keep_awake=None`` (the default of ``batchsim validate`` and ``bench_fidelity.py``)
-    keeps the given CPUs awake. In five pairs of one-CPU grids per tiny model, the grid
-    kept awake was the closer of its pair in 53 of 75 comparisons (median |error| at p50
-    and p99 on two Poisson sets, p50 on bursts), and met the p50 target on 16 of 30
-    Poisson sets against 7 (``bench/results/README.md``). ``keep_awake=True`` without a
-    CPU is refused with a ``ValueError`` naming ``flag`` and ``name``.
-    """
-    if keep_awake and cpus is None:
-        raise ValueError(f"{flag} needs {name}, the CPU to keep awake, got none")
-    if cpus is None or keep_awake is False:
-        return contextlib.nullcontext()
-    return kept_awake(cpus, name)
-
-
-def settle_on_cpus(cpus: str | None, keep_awake: bool | None = None, device=None,
-                   name: str = "cpu", flag: str = "keep_awake"):
-    """What ``--cpu`` and ``--keep-awake`` do in ``batchsim validate`` and the fidelity
-    benches: ``cpus`` written as Linux writes them (``cpu_list``; None leaves the
-    threads to the OS) become this process's CPUs (``run_on_cpus``), before any thread
-    starts; returns them (a tuple, or None) and the context to run in
-    (``awake_when_pinned``). Bad values are refused with a ``ValueError`` naming
-    ``name`` or ``flag``, before anything is pinned."""
-    chosen = None if cpus is None else cpu_list(cpus, name)
-    awake = awake_when_pinned(chosen, keep_awake, name, flag)
-    if chosen is not None:
-        run_on_cpus(chosen, name, device)
-    return chosen, awake
 
 
 #: ``calibrate`` warns when its model's capacity is off the measured one by this factor.

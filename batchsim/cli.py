@@ -316,10 +316,11 @@ def _grid(entries) -> dict:
 
 def _run_validate(args) -> int:
     from . import calibrate as cal
+    from .cpus import settle_on_cpus
 
     # Before any thread starts: the batcher's threads inherit the CPUs.
-    _, awake = cal.settle_on_cpus(args.cpu, args.keep_awake, args.device, "--cpu",
-                                  "--keep-awake")
+    _, awake = settle_on_cpus(args.cpu, args.keep_awake, args.device, "--cpu",
+                              "--keep-awake")
     with awake:
         return _validate(args, cal)
 

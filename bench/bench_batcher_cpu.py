@@ -55,7 +55,7 @@ import torch
 
 import batchsim as bs
 from batchsim._gc import collector_paused
-from batchsim.calibrate import run_on_cpus
+from batchsim.cpus import run_on_cpus
 from batchsim.real import DynamicBatcher, InferenceBatcher, InputSpec, batch_inference
 from batchsim.real.batcher import _CudaSteps, _HostSteps, _Slot
 from batchsim.real.loadgen import run_saturated

@@ -54,7 +54,7 @@ Every row is also simulated at the median speed the last rows before it ran at, 
 the arrival sets in order (``tracked_err_*``, ``fidelity(speed_history=)``,
 ``TRACKED_RUNS``): the calibration's level kept up to date from runs already made.
 With ``--cpu`` the bench keeps those CPUs out of their idle state
-(``batchsim.calibrate.awake_when_pinned``); ``--no-keep-awake`` lets it idle, as the
+(``batchsim.cpus.awake_when_pinned``); ``--no-keep-awake`` lets it idle, as the
 grids before that default did. ``--pin-threads`` puts the event loop on the first of
 those CPUs and every batcher's threads one per CPU on the others, in the calibration and
 every row alike (``DynamicBatcher(thread_cpus=...)``): on an H200 each row's batcher ran
@@ -100,7 +100,7 @@ def add_machine_args(p: argparse.ArgumentParser, awake_by_default: bool = False)
     """``--nice``, ``--cpu``, ``--pin-threads`` and ``--keep-awake``: how the bench keeps
     the machine's noise out. ``awake_by_default``: ``--cpu`` is kept awake unless
     ``--no-keep-awake`` (the fidelity bench's default,
-    ``batchsim.calibrate.awake_when_pinned``); else only with ``--keep-awake``."""
+    ``batchsim.cpus.awake_when_pinned``); else only with ``--keep-awake``."""
     p.add_argument("--nice", type=int, default=0, help="os.nice increment (negative: root)")
     p.add_argument("--cpu", default=None,
                    help="run on these CPUs, as 0, 2-7 or 2,3 (on one CPU the event loop and "
@@ -114,7 +114,7 @@ def add_machine_args(p: argparse.ArgumentParser, awake_by_default: bool = False)
     p.add_argument("--keep-awake", action=argparse.BooleanOptionalAction,
                    default=None if awake_by_default else False,
                    help="keep --cpu out of their idle state: a process spins on each at "
-                        "the lowest priority (batchsim.calibrate.kept_awake)"
+                        "the lowest priority (batchsim.cpus.kept_awake)"
                         + ("; the default with --cpu" if awake_by_default else ""))
 
 
@@ -126,7 +126,7 @@ def settle_machine(args):
     models want one thread, and the environment variable reaches the worker threads too
     (``torch.set_num_threads`` alone sets it for this thread only).
     """
-    from batchsim.calibrate import settle_on_cpus
+    from batchsim.cpus import settle_on_cpus
 
     if args.nice:
         os.nice(args.nice)
@@ -146,7 +146,7 @@ def settle_machine(args):
 
     torch.set_num_threads(1)
     if args.pin_threads:  # after the spinners start: they check the CPUs against ours
-        from batchsim.real.batcher import THREAD_CPUS_ENV
+        from batchsim.cpus import THREAD_CPUS_ENV
 
         os.environ[THREAD_CPUS_ENV] = ",".join(map(str, cpus[1:]))
         os.sched_setaffinity(0, {cpus[0]})

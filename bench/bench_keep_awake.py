@@ -4,7 +4,7 @@ A served load leaves its CPU idle between batches. On a virtual machine an idle 
 back to the host, and the batch that wakes it may find its caches taken by a neighbour,
 by as much as the neighbour ran meanwhile: the time of such batches changes from second
 to second, and a simulator calibrated in one second mispredicts the next.
-``batchsim.calibrate.kept_awake`` keeps the CPU busy with a spinner at the lowest
+``batchsim.cpus.kept_awake`` keeps the CPU busy with a spinner at the lowest
 priority instead (as ``idle=poll`` or C-states off would on a server).
 
 This bench times the model on one CPU (``--cpu``), one batch of ``--batch`` rows at a
@@ -82,7 +82,7 @@ def main() -> None:
     if args.quick:
         args.seconds, args.rounds = 2 * WINDOW_S + 0.5, 1
     torch = settle_machine(args)
-    from batchsim.calibrate import kept_awake
+    from batchsim.cpus import kept_awake
     from batchsim.real.models import make_model
 
     model = make_model(args.model, "cpu", size="tiny")

@@ -104,7 +104,7 @@ def main() -> None:
     if args.pin_threads:
         p.error("--pin-threads: this bench pins the threads of every other batcher itself")
     torch = settle_machine(args)
-    from batchsim.real.batcher import THREAD_CPUS_ENV
+    from batchsim.cpus import THREAD_CPUS_ENV
 
     os.environ.pop(THREAD_CPUS_ENV, None)  # the "os" arm's batchers: where the OS puts them
 

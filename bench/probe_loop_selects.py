@@ -93,7 +93,7 @@ def main() -> None:
     if args.nice:
         os.nice(args.nice)
     if args.cpu is not None:  # before any thread starts: threads inherit it
-        from batchsim.calibrate import run_on_cpus
+        from batchsim.cpus import run_on_cpus
         run_on_cpus(args.cpu, "--cpu")
 
     import torch

@@ -522,7 +522,7 @@ def test_thread_cpus_pin_each_of_the_batchers_threads_in_turn(pipeline):
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="thread affinity is Linux's")
 def test_thread_cpus_left_out_come_from_the_environment(monkeypatch):
-    from batchsim.real.batcher import THREAD_CPUS_ENV
+    from batchsim.cpus import THREAD_CPUS_ENV
 
     cpu = max(os.sched_getaffinity(0))
     monkeypatch.setenv(THREAD_CPUS_ENV, f" {cpu},{cpu} ")

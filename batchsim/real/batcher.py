@@ -53,21 +53,19 @@ import asyncio
 import concurrent.futures
 import heapq
 import math
-import os
 import queue
 import threading
 import time
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import replace
-from numbers import Integral
 
 import numpy as np
 import torch
 
 from .. import _check
 from .. import policy as rule
+from ..cpus import checked_thread_cpus, on_cpu
 from ..policy import BatchPolicy
 from ..result import RunRecorder, RunResult
 from .models import InputSpec, model_device
@@ -130,17 +128,18 @@ class DynamicBatcher:
     rather than a thread per worker (default: on CUDA only; see the module doc).
     ``cuda_graphs``: replay the model from CUDA graphs captured at ``start()``
     (default: on CUDA when the input spec is known; see the module doc).
-    ``thread_cpus``: CPUs to pin the batcher's own threads to, one each in their order (a
-    pipeline's stagers, then its launcher and its completer; else a thread per worker),
-    in turn when there are more threads than CPUs; the event loop runs on the caller's
-    thread, wherever the caller put it. Left out, it is the CPUs the environment
-    variable ``BATCHSIM_THREAD_CPUS`` lists (``THREAD_CPUS_ENV``, comma-separated; the
-    benches' ``--pin-threads`` sets it, so that the batchers ``calibrate`` and
-    ``fidelity`` make are pinned too), else none: the OS places the threads, and each
-    batcher may land differently. On an H200 the encoder's batches under one batcher
-    spent up to twice as long as under another, same configuration, between dispatch
-    and launch (the threads' part), while the part from launch to the end moved little
-    (``bench/results/README.md``). Linux only. Use it inside a running event loop::
+    ``thread_cpus``: CPUs to pin the batcher's own threads to, one each in their order
+    (a pipeline's stagers, then its launcher and its completer; else a thread per
+    worker), in turn when there are more threads than CPUs; the event loop runs on the
+    caller's thread, wherever the caller put it. Left out, it is the CPUs the
+    environment variable ``BATCHSIM_THREAD_CPUS`` lists
+    (``batchsim.cpus.THREAD_CPUS_ENV``, comma-separated; the benches' ``--pin-threads``
+    sets it, so that the batchers ``calibrate`` and ``fidelity`` make are pinned too),
+    else none: the OS places the threads, and each batcher may land differently. On an
+    H200 the encoder's batches under one batcher spent up to twice as long as under
+    another, same configuration, between dispatch and launch (the threads' part), while
+    the part from launch to the end moved little (``bench/results/README.md``). Linux
+    only. Use it inside a running event loop::
 
         async with DynamicBatcher(model, BatchPolicy(32, 5.0)) as batcher:
             y = await batcher.submit(x)
@@ -167,8 +166,7 @@ class DynamicBatcher:
         if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be True, False or None, got {cuda_graphs!r}")
         self.cuda_graphs = cuda_graphs
-        self.thread_cpus = _thread_cpus(_env_thread_cpus() if thread_cpus is None
-                                        else thread_cpus)
+        self.thread_cpus = checked_thread_cpus(thread_cpus)
         self._graphs_meta: dict | None = None
         self.input_spec = spec
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -550,65 +548,6 @@ class _Graphs:
         return out[:n]
 
 
-#: The environment variable ``DynamicBatcher`` takes ``thread_cpus`` from when it is not
-#: given: CPU numbers separated by commas.
-THREAD_CPUS_ENV = "BATCHSIM_THREAD_CPUS"
-
-
-def _env_thread_cpus() -> list[int] | None:
-    """The CPUs ``THREAD_CPUS_ENV`` lists, or None where it is unset or empty."""
-    value = os.environ.get(THREAD_CPUS_ENV, "").strip()
-    if not value:
-        return None
-    try:
-        return [int(c) for c in value.split(",")]
-    except ValueError:
-        raise ValueError(f"{THREAD_CPUS_ENV} must be CPU numbers separated by commas, got "
-                         f"{value!r}") from None
-
-
-def _thread_cpus(cpus) -> tuple[int, ...] | None:
-    """``thread_cpus`` checked: None, or CPUs this process may run on (a non-empty
-    sequence); else a ``ValueError`` naming the parameter and the value."""
-    if cpus is None:
-        return None
-    if not hasattr(os, "sched_setaffinity"):
-        raise ValueError(f"thread_cpus needs Linux (sched_setaffinity), got {cpus!r}")
-    chosen = () if isinstance(cpus, str) or not isinstance(cpus, Iterable) else tuple(cpus)
-    if not chosen or any(isinstance(c, bool) or not isinstance(c, Integral)
-                         or not _may_run_on(int(c)) for c in chosen):
-        raise ValueError(f"thread_cpus must be CPUs this process may run on, got {cpus!r}")
-    return tuple(int(c) for c in chosen)
-
-
-def _may_run_on(cpu: int) -> bool:
-    """Whether a thread of this process may be pinned to ``cpu``: tried on the calling
-    thread and undone (its own mask may be narrower than the process's: a caller that
-    keeps the event loop on one CPU and the batcher's threads on others)."""
-    here = os.sched_getaffinity(0)
-    try:
-        os.sched_setaffinity(0, {cpu})
-        return True
-    except (OSError, ValueError, OverflowError):
-        return False
-    finally:
-        os.sched_setaffinity(0, here)
-
-
-def _on_cpu(run, cpu: int | None):
-    """``run``, first pinning the thread that runs it to ``cpu`` (None: as it is)."""
-    if cpu is None:
-        return run
-
-    def pinned():
-        try:
-            os.sched_setaffinity(0, {cpu})  # on Linux, 0 is the calling thread
-        except OSError:
-            pass  # the CPU went away since it was checked: run where the thread is
-        run()
-    return pinned
-
-
 def _single_threaded_ops() -> None:
     """Make the calling thread's CPU ops single-threaded; other threads keep their count.
 
@@ -793,7 +732,7 @@ class _Runner:
         runs = self._threads()
         cpus = batcher.thread_cpus
         self.cpus = [None if cpus is None else cpus[k % len(cpus)] for k in range(len(runs))]
-        self.threads = [threading.Thread(target=_on_cpu(run, cpu), daemon=True,
+        self.threads = [threading.Thread(target=on_cpu(run, cpu), daemon=True,
                                          name=f"batchsim-{name}")
                         for (name, run), cpu in zip(runs, self.cpus, strict=True)]
         for thread in self.threads:
