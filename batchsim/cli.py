@@ -315,17 +315,16 @@ def _grid(entries) -> dict:
 
 
 def _run_validate(args) -> int:
-    from . import calibrate as cal
     from .cpus import settle_on_cpus
 
     # Before any thread starts: the batcher's threads inherit the CPUs.
     _, awake = settle_on_cpus(args.cpu, args.keep_awake, args.device, "--cpu",
                               "--keep-awake")
     with awake:
-        return _validate(args, cal)
+        return _validate(args)
 
 
-def _validate(args, cal) -> int:
+def _validate(args) -> int:
     """Calibrate (or load a calibration), run the grid, print and write its errors."""
     import os
 
@@ -334,6 +333,8 @@ def _validate(args, cal) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import torch
 
+    from . import calibrate as cal
+    from . import fidelity as fid
     from .real.models import MODELS, make_model
     from .service import CalibratedService, load_service
     from .workload import Bursty, Poisson
@@ -357,24 +358,24 @@ def _validate(args, cal) -> int:
         service.save(args.save_calibration)
     shape = Poisson(1.0) if args.arrivals == "poisson" else Bursty(4.0, 0.25, 0.02, 0.06)
     runs = [] if args.recalibrate else None   # the real runs, to simulate them again
-    df = cal.fidelity(model, service, workload=shape, n_requests=args.n_requests,
+    df = fid.fidelity(model, service, workload=shape, n_requests=args.n_requests,
                       duration_s=args.duration_s, seed=args.seed, repeat=args.repeat,
                       device=args.device, progress=True, runs=runs,
                       probe_speed=args.probe_speed, speed_history=[], **grid)
     if args.recalibrate:
         print(f"calibrating {model.zoo_name} again, after the grid ...", flush=True)
-        cal.resimulate(df, runs, cal.calibrate(model, max(grid["max_batch_size"]),
+        fid.resimulate(df, runs, cal.calibrate(model, max(grid["max_batch_size"]),
                                                device=args.device))
     if args.out:
         df.to_csv(args.out, index=False)
     if args.plot:
-        cal.plot_fidelity(df).savefig(args.plot, dpi=110)
+        fid.plot_fidelity(df).savefig(args.plot, dpi=110)
     shown = ["max_batch_size", "max_wait_ms", "load", "rate_rps", "real_latency_ms_p50",
              "err_latency_ms_p50", "real_latency_ms_p99", "err_latency_ms_p99",
              "err_latency_ms_mean", "err_throughput_rps", "err_mean_batch_size",
              "harness_behind"]
     print(df[shown].to_string(index=False, float_format="{:.3g}".format))
-    summary = cal.fidelity_summary(df)
+    summary = fid.fidelity_summary(df)
     headline = ("latency_ms_p50", "latency_ms_p99", "throughput_rps")
     print("median |relative error|: " + ", ".join(
         f"{m.removeprefix('latency_ms_')} {summary[f'median_abs_err_{m}']:.1%}"

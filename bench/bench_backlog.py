@@ -62,12 +62,13 @@ def compare_backlogs(service, runs) -> list[dict]:
     """A row per run with a backlog in both the real run and its simulation: its
     configuration, both sides' ``backlog_stats``, the service rate's relative error
     (simulated over real, minus 1) and the p50 latency's."""
-    from batchsim.calibrate import _simulate_schedule, compare
+    from batchsim.calibrate import compare
+    from batchsim.fidelity import simulate_schedule
 
     rows = []
     for run in runs:
         real = run["real"]
-        sim = _simulate_schedule(real, run["policy"], service, run["seed"])
+        sim = simulate_schedule(real, run["policy"], service, run["seed"])
         stats = backlog_stats(service, real), backlog_stats(service, sim)
         if None in stats:
             continue

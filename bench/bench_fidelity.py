@@ -217,7 +217,8 @@ def main() -> None:
     args = p.parse_args()
     torch = settle_machine(args)
 
-    from batchsim.calibrate import calibrate, fidelity, resimulate
+    from batchsim.calibrate import calibrate
+    from batchsim.fidelity import fidelity, resimulate
     from batchsim.real import make_model
 
     model = make_model(args.model, device=args.device, dtype=args.dtype, size=args.size)
@@ -327,7 +328,7 @@ def main() -> None:
 
 def report_workload(report: dict, name: str, df) -> dict:
     """Put one arrival process's rows and summary (with ``meets_targets``) in the report."""
-    from batchsim.calibrate import fidelity_summary
+    from batchsim.fidelity import fidelity_summary
 
     summary = fidelity_summary(df)
     summary["meets_targets"] = {m: summary[f"median_abs_err_{m}"] <= t

@@ -86,7 +86,8 @@ def main() -> None:
     args = p.parse_args()
     torch = settle_machine(args)
 
-    from batchsim.calibrate import BEHIND_MS, calibrate, compare
+    from batchsim.calibrate import calibrate, compare
+    from batchsim.fidelity import BEHIND_MS
     from batchsim.real import make_model, run_load
     from batchsim.real.profiler import device_name
     from batchsim.sim import simulate

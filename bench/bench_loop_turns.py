@@ -42,7 +42,7 @@ from __future__ import annotations
 import numpy as np
 from bench_fidelity import saved_runs_main
 
-from batchsim.calibrate import _simulate_schedule
+from batchsim.fidelity import simulate_schedule
 
 #: ``run_load``'s default: the most requests it sends in one turn.
 MAX_BURST = 64
@@ -163,7 +163,7 @@ def analyze(saved: dict) -> dict:
         parts[name] = [(row["real"], row["policy"], row["seed"]) for row in rows]
     report = {}
     for name, rows in parts.items():
-        sims = [_simulate_schedule(real, policy, service, seed) for real, policy, seed in rows]
+        sims = [simulate_schedule(real, policy, service, seed) for real, policy, seed in rows]
         report[name] = {"real": turn_report([real for real, _, _ in rows], g),
                         "sim": turn_report(sims, g)}
     return report

@@ -30,7 +30,7 @@ def row_errors(service, runs) -> dict:
     ``service`` simulates the row's scheduled arrivals, as ``fidelity`` does."""
     import pandas as pd
 
-    from batchsim.calibrate import resimulate
+    from batchsim.fidelity import resimulate
 
     df = pd.DataFrame(index=range(len(runs)))
     resimulate(df, runs, service, prefix="err")

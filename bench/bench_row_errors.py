@@ -14,7 +14,7 @@ drifts between the calibration and the rows moves every row's error one way, so 
 change which moves the predictions the other way looks better or worse than its
 mechanism is; told the speed, the tally sees the mechanism. ``--tracked`` simulates each
 row at the median speed of the last few rows run before it, over the arrival sets in
-order (``fidelity``'s ``tracked_err_*``, ``batchsim.calibrate.tracked_ratio``): against
+order (``fidelity``'s ``tracked_err_*``, ``batchsim.fidelity.tracked_ratio``): against
 a file made without it, the tally says what keeping the calibration's level up to date
 from runs already made buys.
 
@@ -42,7 +42,8 @@ def row_errors(saved: dict, told_speed: bool = False, tracked: bool = False) -> 
     machine's drift since the calibration out of the comparison; ``tracked``: each row
     at the median speed of the last ``TRACKED_RUNS`` rows before it (the first at the
     calibration's own)."""
-    from batchsim.calibrate import at_speed, refit, tracked_ratio, worker_time_ratio
+    from batchsim.calibrate import at_speed, refit, worker_time_ratio
+    from batchsim.fidelity import tracked_ratio
 
     if told_speed and tracked:
         raise ValueError("told_speed and tracked exclude each other")

@@ -1,7 +1,7 @@
 """How well the speeds of the rows run before predict a row's own, by how many are kept.
 
 ``fidelity`` tracks the calibration's level from the real runs made before each row
-(``batchsim.calibrate.tracked_ratio``): the row is simulated at the median
+(``batchsim.fidelity.tracked_ratio``): the row is simulated at the median
 ``worker_time_ratio`` of the last few of them. A machine's speed wanders: the older a
 run, the less it says about now, but the fewer runs kept, the more one row's own noise
 moves the level. This bench reads that trade-off off saved results: for every row of the
@@ -52,7 +52,7 @@ def speeds_in_run_order(results: dict) -> list[float]:
 def level_errors(speeds: list[float], kept: int | None) -> np.ndarray:
     """Per row, ``|log(tracked / own)|``: the level tracked from the ``kept`` rows before
     it (``tracked_ratio``) against the speed the row itself ran at."""
-    from batchsim.calibrate import tracked_ratio
+    from batchsim.fidelity import tracked_ratio
 
     levels = [1.0 if kept == 0 else tracked_ratio(speeds[:i], kept)
               for i in range(len(speeds))]

@@ -26,7 +26,6 @@ from batchsim.calibrate import (
     batch_residuals,
     capacity_check,
     compare,
-    fidelity_summary,
     refit,
     worker_time_ratio,
 )
@@ -669,38 +668,6 @@ def test_compare_skips_requests_either_run_lost_and_refuses_other_lengths():
         compare(real, one_request_batches([1.0], [0.0]))
     with pytest.raises(ValueError, match="real must be a RunResult"):
         compare("real", sim)
-
-
-
-def test_fidelity_summary_counts_rows_where_the_harness_fell_behind_and_sets_them_apart():
-    import pandas as pd
-
-    rows = []
-    for k, (p50, p99, behind) in enumerate([(0.02, 0.1, False), (-0.04, 0.3, False),
-                                             (0.06, -0.2, False), (1.5, 2.0, True)]):
-        row = {"max_batch_size": 4, "max_wait_ms": 0.0, "load": 0.1 * k, "rate_rps": 100.0,
-               "harness_behind": behind, "err_latency_ms_p50": p50,
-               "err_latency_ms_p99": p99}
-        row.update({f"err_{m}": 0.01 for m in ("latency_ms_p95", "latency_ms_mean",
-                                               "throughput_rps", "mean_batch_size")})
-        row["recal_err_latency_ms_p50"] = -0.01 * (k + 1)   # another calibration
-        row["speed_err_latency_ms_p50"] = 0.5 * p50          # told the row's speed
-        row["worker_time_ratio"] = 1.0 + 0.1 * k
-        rows.append(row)
-    out = fidelity_summary(pd.DataFrame(rows))
-    assert out["configurations"] == 4 and out["harness_behind"] == 1
-    assert out["median_abs_recalibrated_latency_ms_p50"] == pytest.approx(0.025)
-    # (1 - 0.01 (k + 1)) / (1 + p50) - 1 by row: 0.99 / 1.02, 0.98 / 0.96, 0.97 / 1.06 and
-    # 0.96 / 2.5, less 1; the median of their sizes lies between the second and third
-    assert out["median_abs_between_calibrations_latency_ms_p50"] == pytest.approx(
-        (1 - 0.99 / 1.02 + 1 - 0.97 / 1.06) / 2)
-    assert out["median_abs_err_latency_ms_p50"] == pytest.approx(0.05)   # all four rows
-    assert out["median_abs_kept_latency_ms_p50"] == pytest.approx(0.04)  # the three kept
-    assert out["median_abs_kept_latency_ms_p99"] == pytest.approx(0.2)
-    assert out["worst"]["err_latency_ms_p99"] == 2.0
-    assert out["median_abs_at_speed_latency_ms_p50"] == pytest.approx(0.025)
-    assert out["worker_time_ratio_p5"] == pytest.approx(1.0 + 0.3 * 0.05)
-    assert out["worker_time_ratio_p95"] == pytest.approx(1.0 + 0.3 * 0.95)
 
 
 # -- calibrate() on a model of known cost -----------------------------------------------

@@ -29,14 +29,8 @@ import pytest
 from service_fakes import sleeping_model
 
 import batchsim as bs
-from batchsim.calibrate import (
-    at_speed,
-    batch_residuals,
-    fidelity,
-    refit,
-    run_pair,
-    worker_time_ratio,
-)
+from batchsim.calibrate import METRICS, at_speed, batch_residuals, refit, worker_time_ratio
+from batchsim.fidelity import fidelity, fidelity_summary, run_pair
 
 BLOCKS = 10
 
@@ -193,7 +187,7 @@ def test_bench_fidelity_saves_the_service_and_each_rows_real_run(tmp_path):
 def test_resimulate_with_the_grids_own_calibration_gives_back_each_rows_errors(service):
     """``resimulate`` simulates as the grid did: with the same calibration, the same
     errors, and the two calibrations' predictions 0 apart."""
-    from batchsim.calibrate import fidelity_summary, resimulate
+    from batchsim.fidelity import resimulate
 
     runs = []
     df = fidelity(sleepy, service, max_batch_size=(8,), max_wait_ms=(0.0, 1.0), load=(0.5,),
@@ -208,7 +202,7 @@ def test_the_speed_probe_measures_what_the_batcher_serves_now():
     """The sleeping model takes 1 + 0.1 * 8 = 1.8 ms a full batch of 8: a batcher serves
     at most 8 / 1.8 ms = 4444 requests/s (a sleep never ends early), a little less for
     its own costs and the sleep's overshoot (tens of µs a batch)."""
-    from batchsim.calibrate import _speed_probe
+    from batchsim.fidelity import _speed_probe
 
     rps = _speed_probe(sleepy, 8, None)
     assert 0.7 * 8 / 1.8e-3 < rps <= 8 / 1.8e-3
@@ -216,7 +210,7 @@ def test_the_speed_probe_measures_what_the_batcher_serves_now():
 
 def test_each_row_gets_its_probe_over_the_probe_made_at_the_start(service, monkeypatch):
     """The probes run first for every max_batch_size, then one right before each row."""
-    import batchsim.calibrate as cal
+    import batchsim.fidelity as fid
 
     probed = []
     speeds = iter([1000.0, 2000.0,                        # at the start: b=4, then b=8
@@ -226,18 +220,18 @@ def test_each_row_gets_its_probe_over_the_probe_made_at_the_start(service, monke
         probed.append(max_batch_size)
         return next(speeds)
 
-    monkeypatch.setattr(cal, "_speed_probe", fake_probe)
+    monkeypatch.setattr(fid, "_speed_probe", fake_probe)
     df = fidelity(sleepy, service, max_batch_size=(4, 8), max_wait_ms=(0.0, 1.0), load=(0.3,),
                   n_requests=200, seed=5, probe_speed=True)
     assert probed == [4, 8, 4, 4, 8, 8]
     assert df["speed_ratio"].tolist() == pytest.approx([0.9, 1.1, 1.2, 0.9])
-    summary = cal.fidelity_summary(df)
+    summary = fidelity_summary(df)
     assert summary["speed_ratio_p5"] == pytest.approx(np.percentile([0.9, 1.1, 1.2, 0.9], 5))
     assert summary["speed_ratio_p95"] == pytest.approx(np.percentile([0.9, 1.1, 1.2, 0.9], 95))
     assert summary["speed_corr_err_latency_ms_p50"] == pytest.approx(
         np.corrcoef(df["speed_ratio"], df["err_latency_ms_p50"])[0, 1])
     # Without the probe: no column, no summary of it.
-    assert not any(k.startswith("speed") for k in cal.fidelity_summary(
+    assert not any(k.startswith("speed") for k in fidelity_summary(
         df.drop(columns="speed_ratio")))
 
 
@@ -245,9 +239,9 @@ def test_each_row_is_also_simulated_at_the_speed_the_rows_before_it_ran(service)
     """``speed_history``: each row simulated at the median ratio of the last
     ``TRACKED_RUNS`` runs before it (those given, then the grid's own), and the list
     extended with each row's."""
-    import batchsim.calibrate as cal
+    import batchsim.fidelity as fid
 
-    assert cal.TRACKED_RUNS == 5
+    assert fid.TRACKED_RUNS == 5
     history = [1.3, 0.9, 1.1, 1.5, 0.7, 1.2]
     runs = []
     df = fidelity(sleepy, service, max_batch_size=(8,), max_wait_ms=(0.0, 1.0), load=(0.5,),
@@ -258,16 +252,16 @@ def test_each_row_is_also_simulated_at_the_speed_the_rows_before_it_ran(service)
     assert df["tracked_ratio"].tolist() == pytest.approx([1.1, np.median([1.1, 1.5, 0.7, 1.2,
                                                                            first])])
     for run, row in zip(runs, df.to_dict("records"), strict=True):
-        tracked = cal._simulate_schedule(run["real"], run["policy"],
+        tracked = fid.simulate_schedule(run["real"], run["policy"],
                                          at_speed(service, row["tracked_ratio"]), run["seed"])
         assert row["tracked_err_latency_ms_p99"] == pytest.approx(
-            cal.compare(run["real"], tracked).table["rel_error"]["latency_ms_p99"])
-    assert cal.fidelity_summary(df)["median_abs_tracked_latency_ms_p50"] == pytest.approx(
+            bs.compare(run["real"], tracked).table["rel_error"]["latency_ms_p99"])
+    assert fidelity_summary(df)["median_abs_tracked_latency_ms_p50"] == pytest.approx(
         df["tracked_err_latency_ms_p50"].abs().median())
 
 
 def test_the_tracked_speed_is_the_median_of_the_runs_it_keeps():
-    from batchsim.calibrate import tracked_ratio
+    from batchsim.fidelity import tracked_ratio
 
     assert tracked_ratio([1.3, 0.9, 1.1, 1.0], kept=2) == pytest.approx(1.05)
     assert tracked_ratio([1.3, 0.9, 1.1, 1.0], kept=None) == pytest.approx(1.05)
@@ -279,13 +273,43 @@ def test_the_tracked_speed_is_the_median_of_the_runs_it_keeps():
 
 
 def test_with_no_runs_before_it_a_row_is_tracked_at_the_calibrations_own_speed(service):
-    import batchsim.calibrate as cal
 
     df = fidelity(sleepy, service, max_batch_size=(8,), max_wait_ms=(1.0,), load=(0.5,),
                   n_requests=300, seed=8, speed_history=[])
     assert df["tracked_ratio"].tolist() == [1.0]
-    for metric in cal.METRICS:
+    for metric in METRICS:
         assert df[f"tracked_err_{metric}"].tolist() == df[f"err_{metric}"].tolist()
     plain = fidelity(sleepy, service, max_batch_size=(8,), max_wait_ms=(1.0,), load=(0.5,),
                      n_requests=300, seed=8)
     assert not any(c.startswith("tracked") for c in plain.columns)
+
+
+def test_fidelity_summary_counts_rows_where_the_harness_fell_behind_and_sets_them_apart():
+    import pandas as pd
+
+    rows = []
+    for k, (p50, p99, behind) in enumerate([(0.02, 0.1, False), (-0.04, 0.3, False),
+                                             (0.06, -0.2, False), (1.5, 2.0, True)]):
+        row = {"max_batch_size": 4, "max_wait_ms": 0.0, "load": 0.1 * k, "rate_rps": 100.0,
+               "harness_behind": behind, "err_latency_ms_p50": p50,
+               "err_latency_ms_p99": p99}
+        row.update({f"err_{m}": 0.01 for m in ("latency_ms_p95", "latency_ms_mean",
+                                               "throughput_rps", "mean_batch_size")})
+        row["recal_err_latency_ms_p50"] = -0.01 * (k + 1)   # another calibration
+        row["speed_err_latency_ms_p50"] = 0.5 * p50          # told the row's speed
+        row["worker_time_ratio"] = 1.0 + 0.1 * k
+        rows.append(row)
+    out = fidelity_summary(pd.DataFrame(rows))
+    assert out["configurations"] == 4 and out["harness_behind"] == 1
+    assert out["median_abs_recalibrated_latency_ms_p50"] == pytest.approx(0.025)
+    # (1 - 0.01 (k + 1)) / (1 + p50) - 1 by row: 0.99 / 1.02, 0.98 / 0.96, 0.97 / 1.06 and
+    # 0.96 / 2.5, less 1; the median of their sizes lies between the second and third
+    assert out["median_abs_between_calibrations_latency_ms_p50"] == pytest.approx(
+        (1 - 0.99 / 1.02 + 1 - 0.97 / 1.06) / 2)
+    assert out["median_abs_err_latency_ms_p50"] == pytest.approx(0.05)   # all four rows
+    assert out["median_abs_kept_latency_ms_p50"] == pytest.approx(0.04)  # the three kept
+    assert out["median_abs_kept_latency_ms_p99"] == pytest.approx(0.2)
+    assert out["worst"]["err_latency_ms_p99"] == 2.0
+    assert out["median_abs_at_speed_latency_ms_p50"] == pytest.approx(0.025)
+    assert out["worker_time_ratio_p5"] == pytest.approx(1.0 + 0.3 * 0.05)
+    assert out["worker_time_ratio_p95"] == pytest.approx(1.0 + 0.3 * 0.95)
