@@ -57,8 +57,8 @@ import batchsim as bs
 from batchsim._gc import collector_paused
 from batchsim.cpus import run_on_cpus
 from batchsim.real import DynamicBatcher, InferenceBatcher, InputSpec, batch_inference
-from batchsim.real.batcher import _CudaSteps, _HostSteps, _Slot
 from batchsim.real.loadgen import run_saturated
+from batchsim.real.runners import CudaSteps, HostSteps, Slot
 
 SPEC = InputSpec((16,), torch.float32)
 MAX_BATCH = 64
@@ -237,16 +237,16 @@ class VirtualGpu:
         return n * b / (time.perf_counter() - t0)
 
 
-class _StandInSteps(_CudaSteps):
+class _StandInSteps(CudaSteps):
     """DynamicBatcher's CUDA steps with the CUDA calls replaced by the virtual GPU."""
 
     pinned = False
 
     def new_slot(self):
-        return _Slot()
+        return Slot()
 
     def allocate(self, slot) -> None:
-        _HostSteps.allocate(self, slot)
+        HostSteps.allocate(self, slot)
 
     def launch(self, slot, host_in):
         gpu = self.model_fn

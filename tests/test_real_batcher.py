@@ -21,7 +21,7 @@ from batchsim.real import (
     make_model,
     run_load,
 )
-from batchsim.real.batcher import _Graphs, _HostSteps, _single_threaded_ops, graph_buckets
+from batchsim.real.runners import Graphs, HostSteps, graph_buckets, single_threaded_ops
 from batchsim.result import COMPLETED, EXPIRED, FAILED, REJECTED
 
 SPEC = InputSpec((4,), torch.float32)
@@ -71,7 +71,7 @@ def run(coro):
 
 @pytest.fixture(params=[False, True], ids=["thread-per-worker", "pipeline"])
 def pipeline(request):
-    """The failure semantics hold for both ways of running batches (see batcher.py)."""
+    """The failure semantics hold for both ways of running batches (see runners.py)."""
     return request.param
 
 
@@ -450,7 +450,7 @@ def test_warmup_runs_a_batch_of_zeros_of_every_size_per_worker_before_the_clock(
 
 
 def test_warmup_sizes_are_every_size_or_with_cuda_graphs_their_buckets():
-    from batchsim.real.batcher import warmup_sizes
+    from batchsim.real.runners import warmup_sizes
 
     assert warmup_sizes(5, graphs=False) == (5, 4, 3, 2, 1)
     assert warmup_sizes(32, graphs=True) == (32, 16, 8, 4, 2, 1)
@@ -551,7 +551,7 @@ def test_staging_threads_copy_single_threaded_and_leave_the_others_alone():
     seen = {}
 
     def stager():
-        _single_threaded_ops()
+        single_threaded_ops()
         seen["stager"] = torch.get_num_threads()
 
     def other():
@@ -567,7 +567,7 @@ def test_staging_threads_copy_single_threaded_and_leave_the_others_alone():
         torch.set_num_threads(before)
 
 
-class _FailingWait(_HostSteps):
+class _FailingWait(HostSteps):
     """Host steps whose wait fails for batches holding a negative input (a device error)."""
 
     def launch(self, slot, host_in):
@@ -645,7 +645,7 @@ def test_stress_every_future_resolves(drain, pipeline):
 
 # -- CUDA graphs: bucketing, padding and fallback, on the CPU with a fake capture ----------
 
-class _FakeGraphSteps(_HostSteps):
+class _FakeGraphSteps(HostSteps):
     """Host steps with a stand-in for CUDA graph capture, with a graph's semantics.
 
     A "graph" is the model bound to a fixed view of the staging buffer: its replay
@@ -700,7 +700,7 @@ def test_graphs_pad_a_batch_to_its_bucket_and_drop_the_pad_rows():
         out = torch.empty(len(x), 4)
         return (lambda: out.copy_(2 * x + 1)), out
 
-    graphs = _Graphs(capture, static_in, graph_buckets(8))
+    graphs = Graphs(capture, static_in, graph_buckets(8))
     assert sizes == [8, 4, 2, 1]  # largest first
     assert [graphs.bucket(n) for n in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
     for n in (1, 3, 5, 8):
@@ -728,7 +728,7 @@ def test_batcher_replays_graphs_per_bucket_with_the_same_answers(pipeline):
     assert res.meta["cuda_graphs"]["workers_with_graphs"] == 2
     assert res.meta["cuda_graphs"]["errors"] == []
     assert b.steps.captured == [8, 4, 2, 1] * 2
-    buckets = _Graphs(lambda x: (None, None), torch.zeros(8, 4), graph_buckets(8))
+    buckets = Graphs(lambda x: (None, None), torch.zeros(8, 4), graph_buckets(8))
     assert sorted(b.steps.replayed) == sorted(buckets.bucket(int(n)) for n in res.size)
 
 

@@ -11,34 +11,16 @@ works; with ``workers=k`` up to ``k`` batches are in flight, each worker with it
 preallocated staging buffer (pinned on CUDA) and, on CUDA, its own stream. Results go
 back to the loop with one callback per batch.
 
-How the batches run depends on the device, because Python threads share one lock (the
-GIL), every PyTorch call hands it over, and each hand-over to a waiting thread costs a
-thread wake-up:
-
-* CPU: a thread per worker stacks its batch into its staging buffer and runs the model;
-  the model's arithmetic releases the GIL, so the workers compute in parallel.
-* CUDA: a model call only *launches* kernels, mostly Python, so worker threads
-  launching side by side pass the GIL back and forth at every layer. Instead each batch
-  goes down a pipeline: its worker's stager thread stacks the inputs into the worker's
-  pinned staging buffer (the only bulk host copy; stagers of different workers copy in
-  parallel, each single-threaded), one launcher thread -- the only one that calls the
-  model, back to back like an offline loop -- enqueues on the worker's stream a
-  non-blocking copy to the device, the model, a non-blocking copy back into pinned
-  memory and a completion event, and one completer thread waits for the events and
-  hands the results back. The copy of one batch overlaps the launch of another and the
-  GPU runs them on their own streams; the only device synchronisation is the event.
-  ``pipeline=False`` runs CUDA batches on a thread per worker instead.
-
-CUDA graphs (``cuda_graphs``, on by default on CUDA when the input spec is known at
-``start()``): a model call launches dozens of kernels, each a few microseconds of Python
-holding the GIL, so a small model is launch-bound. At start-up every worker captures the
-model once per batch-size bucket (``graph_buckets``: powers of two, and max_batch_size)
-on its stream and its device input buffer; a batch of ``n`` then runs as the smallest
-bucket ``>= n`` -- the pad rows hold whatever the buffer held, are computed and dropped
--- by one graph replay, one host call. The model must treat rows independently (batching
-needs that anyway) and be capturable (no host synchronisation, no data-dependent control
-flow); when a capture fails, that worker runs the model eagerly and ``result().meta
-["cuda_graphs"]`` says why.
+The batches run in threads (``batchsim.real.runners``): on the CPU a thread per worker
+runs each batch to the end, and the workers compute in parallel; on CUDA each batch goes
+down a pipeline of threads (stage, launch, complete) so that one thread alone calls the
+model, and the model replays from CUDA graphs captured at ``start()`` (``cuda_graphs``,
+on by default on CUDA when the input spec is known): a small model is otherwise bound by
+the Python that launches its kernels. ``pipeline=False`` runs CUDA batches on a thread
+per worker instead. The model must treat rows independently (batching needs that
+anyway) and, for graphs, be capturable (no host synchronisation, no data-dependent
+control flow); when a capture fails, that worker runs the model eagerly and
+``result().meta["cuda_graphs"]`` says why.
 
 Failures stay with the requests that cause them: a model exception (or a CUDA
 out-of-memory error) splits the batch in halves and retries each, down to single
@@ -50,13 +32,9 @@ cancellation by its caller; ``result()`` then returns the run as a ``RunResult``
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import heapq
 import math
-import queue
-import threading
 import time
-from bisect import bisect_left
 from collections import deque
 from dataclasses import replace
 
@@ -65,10 +43,18 @@ import torch
 
 from .. import _check
 from .. import policy as rule
-from ..cpus import checked_thread_cpus, on_cpu
+from ..cpus import checked_thread_cpus
 from ..policy import BatchPolicy
 from ..result import RunRecorder, RunResult
 from .models import InputSpec, model_device
+from .runners import (
+    CudaSteps,
+    HostSteps,
+    PipelineRunner,
+    Runner,
+    ThreadRunner,
+    graph_buckets,
+)
 
 _done = asyncio.Future.done
 
@@ -125,9 +111,9 @@ class DynamicBatcher:
     first request fixes it. ``device``: where the model runs (default: the device of
     the model's parameters, else CPU); inputs arrive on the CPU and outputs go back to
     it. ``pipeline``: run batches through the stage/launch/complete pipeline of threads
-    rather than a thread per worker (default: on CUDA only; see the module doc).
+    rather than a thread per worker (default: on CUDA only; ``batchsim.real.runners``).
     ``cuda_graphs``: replay the model from CUDA graphs captured at ``start()``
-    (default: on CUDA when the input spec is known; see the module doc).
+    (default: on CUDA when the input spec is known; ``batchsim.real.runners``).
     ``thread_cpus``: CPUs to pin the batcher's own threads to, one each in their order
     (a pipeline's stagers, then its launcher and its completer; else a thread per
     worker), in turn when there are more threads than CPUs; the event loop runs on the
@@ -182,7 +168,7 @@ class DynamicBatcher:
         self._timer = None
         self._timer_s = math.nan
         self._idle: asyncio.Future | None = None
-        self._runner: _Runner | None = None
+        self._runner: Runner | None = None
         self._timeout_policies: dict[float, BatchPolicy] = {}
 
     # -- lifecycle -------------------------------------------------------------------
@@ -197,7 +183,7 @@ class DynamicBatcher:
         size's first run took 2.2x its later ones for the tiny CNN and 1.6x for the tiny
         MLP: in a calibration that warmed only the largest size, the first batch of each
         size. With CUDA graphs on, the warm-up always runs, at the graphs' bucket sizes
-        only (``warmup_sizes``), and captures the graphs after it.
+        only (``runners.warmup_sizes``), and captures the graphs after it.
         """
         if self._loop is not None:
             raise RuntimeError("this DynamicBatcher was already started; make a new one")
@@ -229,12 +215,12 @@ class DynamicBatcher:
             self._graphs_meta.update(workers_with_graphs=0, errors=[reason])
         return reason is None
 
-    def _make_runner(self) -> _Runner:
-        runner = _PipelineRunner if self.pipeline else _ThreadRunner
+    def _make_runner(self) -> Runner:
+        runner = PipelineRunner if self.pipeline else ThreadRunner
         return runner(self, self._make_steps())
 
-    def _make_steps(self) -> _HostSteps:
-        return (_CudaSteps if self.device.type == "cuda" else _HostSteps)(self)
+    def _make_steps(self) -> HostSteps:
+        return (CudaSteps if self.device.type == "cuda" else HostSteps)(self)
 
     async def __aenter__(self) -> DynamicBatcher:
         return await self.start()
@@ -490,429 +476,3 @@ class DynamicBatcher:
 def _name(model_fn) -> str:
     return getattr(model_fn, "zoo_name", None) or getattr(model_fn, "__name__",
                                                           type(model_fn).__name__)
-
-
-def _checked(out, n: int) -> torch.Tensor:
-    if not isinstance(out, torch.Tensor) or out.ndim == 0 or out.shape[0] != n:
-        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise TypeError(f"model_fn must return a tensor with one row per input: got "
-                        f"{got} for a batch of {n}")
-    return out
-
-
-def graph_buckets(max_batch_size: int) -> tuple[int, ...]:
-    """The batch sizes captured as CUDA graphs: powers of two below max_batch_size, and it."""
-    b = _check.positive_int("max_batch_size", max_batch_size)
-    return (*(1 << i for i in range(b.bit_length()) if 1 << i < b), b)
-
-
-def warmup_sizes(max_batch_size: int, graphs: bool) -> tuple[int, ...]:
-    """The batch sizes a warm-up runs, the largest first: every size from
-    ``max_batch_size`` down to 1, or with CUDA graphs to capture their buckets only.
-
-    A size's first run in a process pays one-time costs (on the CPU 2.2x a later run for
-    the tiny CNN). With graphs a batch of ``n`` replays the graph of its bucket, so the
-    eager shapes between buckets never run again; on an H200 warming all 32 sizes before
-    the capture took the encoder 1.3-2.5 s at every batcher start
-    (``bench/results/README.md``).
-    """
-    return (tuple(reversed(graph_buckets(max_batch_size))) if graphs
-            else tuple(range(_check.positive_int("max_batch_size", max_batch_size), 0, -1)))
-
-
-#: Warm-ups and graph captures run one at a time: a capture synchronises the device and
-#: empties the allocator's cache, which must not happen under another thread's capture.
-_WARMUP_LOCK = threading.Lock()
-
-
-class _Graphs:
-    """A model captured once per batch-size bucket on one input buffer; replays by size.
-
-    ``capture(x)`` (a view of the first rows of the buffer) returns ``(replay, out)``:
-    calling ``replay()`` recomputes ``out`` from whatever the buffer's rows hold then.
-    A batch of ``n`` rows, already in the buffer, runs as the smallest bucket ``>= n``;
-    the output's first ``n`` rows are its answers, the pad rows are dropped. Captured
-    largest first, so that the smaller graphs can reuse the larger one's memory pool.
-    """
-
-    def __init__(self, capture, static_in: torch.Tensor, buckets):
-        self.buckets = tuple(sorted(buckets))
-        self.replays = {b: capture(static_in[:b]) for b in reversed(self.buckets)}
-
-    def bucket(self, n: int) -> int:
-        return self.buckets[bisect_left(self.buckets, n)]
-
-    def __call__(self, n: int) -> torch.Tensor:
-        replay, out = self.replays[self.bucket(n)]
-        replay()
-        return out[:n]
-
-
-def _single_threaded_ops() -> None:
-    """Make the calling thread's CPU ops single-threaded; other threads keep their count.
-
-    For the staging copy: ATen copies each input of more than 32K elements as its own
-    OpenMP parallel region, and a few threads doing that at once oversubscribe the
-    cores (a 16 MB stack of 128 KB inputs took 31 ms with 2 OpenMP threads and 7 ms
-    with 1, on a busy 2-core machine), while one plain copy per thread, several threads
-    in parallel, is as fast as memory allows. With OpenMP, ``torch.set_num_threads``
-    sets the calling thread's count and the default that threads take on their first
-    parallel op; a helper thread puts that default back.
-    """
-    n = torch.get_num_threads()  # fixes this thread's count first, so the next call sticks
-    if n > 1:
-        torch.set_num_threads(1)
-        helper = threading.Thread(target=torch.set_num_threads, args=(n,))
-        helper.start()
-        helper.join()
-
-
-class _Slot:
-    """One worker's buffers: staging (host), device input, CUDA stream and event, graphs."""
-
-    def __init__(self, stream=None, event=None):
-        self.staging = self.device_in = None
-        self.stream, self.event = stream, event
-        self.graphs: _Graphs | None = None
-        self.pool = None  # the memory pool its graphs share
-
-
-class _HostSteps:
-    """How one batch runs on the CPU (or another device the model copies to itself).
-
-    ``launch`` starts a staged batch and returns its output (here: runs it to the
-    end), ``wait`` waits for the worker's batch in flight, ``recover`` cleans up after
-    an error. ``_CudaSteps`` makes ``launch`` asynchronous. ``capture`` (where
-    ``can_capture``) records one graph of the model for ``capture_graphs``.
-    """
-
-    pinned = False
-    can_capture = False
-
-    def __init__(self, batcher: DynamicBatcher):
-        self.batcher = batcher
-        self.model_fn = batcher.model_fn
-
-    def new_slot(self) -> _Slot:
-        return _Slot()
-
-    def thread_started(self) -> None:
-        """Called first in every runner thread that stages batches."""
-
-    def stage(self, slot: _Slot, xs) -> torch.Tensor:
-        """Stack the inputs into the slot's staging buffer (one copy for the batch)."""
-        if slot.staging is None:
-            self.allocate(slot)
-        host_in = slot.staging[:len(xs)]
-        torch.stack(xs, out=host_in)
-        return host_in
-
-    def allocate(self, slot: _Slot) -> None:
-        b = self.batcher
-        shape = (b.policy.max_batch_size, *b.input_spec.shape)
-        slot.staging = torch.empty(shape, dtype=b.input_spec.dtype, pin_memory=self.pinned)
-
-    def graph_input(self, slot: _Slot) -> torch.Tensor:
-        """The buffer a batch's model input is a view of (what graphs are captured on)."""
-        return slot.staging
-
-    def forward(self, slot: _Slot, x: torch.Tensor) -> torch.Tensor:
-        """The model on ``x``, the first rows of the graph input: a replay if captured."""
-        if slot.graphs is not None:
-            return slot.graphs(len(x))
-        return _checked(self.model_fn(x), len(x))
-
-    def capture(self, slot: _Slot, x: torch.Tensor):
-        raise NotImplementedError(f"no graph capture on {self.batcher.device.type}")
-
-    def capture_graphs(self, slot: _Slot) -> str | None:
-        """Capture the model per bucket for this slot; else why not (it then runs eagerly)."""
-        try:
-            if slot.staging is None:
-                self.allocate(slot)
-            slot.graphs = _Graphs(lambda x: self.capture(slot, x), self.graph_input(slot),
-                                  graph_buckets(self.batcher.policy.max_batch_size))
-            return None
-        except Exception as e:
-            slot.graphs = slot.pool = None
-            self.recover(slot, e)
-            return f"capture failed, eager: {type(e).__name__}: {e}"
-
-    def launch(self, slot: _Slot, host_in: torch.Tensor) -> torch.Tensor:
-        """Run the model; the output is a CPU tensor that aliases no buffer of the slot."""
-        out = self.forward(slot, host_in.to(self.batcher.device)).cpu()
-        if (slot.graphs is not None or out.untyped_storage().data_ptr()
-                == slot.staging.untyped_storage().data_ptr()):
-            out = out.clone()  # a graph's static output, or (a view of) the staging buffer
-        return out
-
-    def wait(self, slot: _Slot) -> None:
-        pass
-
-    def recover(self, slot: _Slot, error: Exception) -> None:
-        pass
-
-
-class _CudaSteps(_HostSteps):
-    """On CUDA: pinned staging, and a stream and a completion event per worker."""
-
-    pinned = True
-    can_capture = True
-
-    def new_slot(self) -> _Slot:
-        device = self.batcher.device
-        return _Slot(torch.cuda.Stream(device), torch.cuda.Event())
-
-    def thread_started(self) -> None:
-        """The model runs on the GPU: a thread's CPU work is copies, best done alone."""
-        _single_threaded_ops()
-
-    def allocate(self, slot: _Slot) -> None:
-        super().allocate(slot)
-        slot.device_in = torch.zeros(slot.staging.shape, dtype=slot.staging.dtype,
-                                     device=self.batcher.device)  # finite pad rows
-
-    def graph_input(self, slot: _Slot) -> torch.Tensor:
-        return slot.device_in
-
-    def capture(self, slot: _Slot, x: torch.Tensor):
-        """One graph of the model on ``x``, on the slot's stream, in its shared pool.
-
-        Two eager calls on that (side) stream first, as capture requires: lazy
-        initialisations (cuBLAS workspaces, kernel choices for this shape) must not
-        happen inside the capture.
-        """
-        torch.cuda.set_stream(slot.stream)
-        for _ in range(2):
-            self.model_fn(x)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=slot.pool, stream=slot.stream,
-                              capture_error_mode="thread_local"):
-            out = _checked(self.model_fn(x), len(x))
-        slot.pool = graph.pool()
-        return graph.replay, out
-
-    def launch(self, slot: _Slot, host_in: torch.Tensor) -> torch.Tensor:
-        """Enqueue on the slot's stream: copy in, model, copy back, completion event."""
-        n = len(host_in)
-        torch.cuda.set_stream(slot.stream)
-        dev_in = slot.device_in[:n]
-        dev_in.copy_(host_in, non_blocking=True)
-        out = self.forward(slot, dev_in)
-        host_out = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
-        host_out.copy_(out, non_blocking=True)
-        slot.event.record(slot.stream)
-        return host_out
-
-    def wait(self, slot: _Slot) -> None:
-        slot.event.synchronize()
-
-    def recover(self, slot: _Slot, error: Exception) -> None:
-        """Let what the failed launch enqueued finish (its staging may still be read)."""
-        try:
-            slot.stream.synchronize()
-            if isinstance(error, torch.cuda.OutOfMemoryError):
-                torch.cuda.empty_cache()
-        except Exception:
-            pass  # a broken context fails every retry, one request at a time
-
-
-class _Runner:
-    """Runs a DynamicBatcher's batches off the event loop; one ``_Slot`` per worker.
-
-    ``steps`` say what the device does with a batch; subclasses say which threads do
-    it (``_threads``, ``put``). Results go back with one ``call_soon_threadsafe`` per
-    batch, with the instants the batch was picked up, staged and launched.
-    """
-
-    def __init__(self, batcher: DynamicBatcher, steps: _HostSteps):
-        self.batcher = batcher
-        self.steps = steps
-        self.slots = [steps.new_slot() for _ in range(batcher.workers)]
-        runs = self._threads()
-        cpus = batcher.thread_cpus
-        self.cpus = [None if cpus is None else cpus[k % len(cpus)] for k in range(len(runs))]
-        self.threads = [threading.Thread(target=on_cpu(run, cpu), daemon=True,
-                                         name=f"batchsim-{name}")
-                        for (name, run), cpu in zip(runs, self.cpus, strict=True)]
-        for thread in self.threads:
-            thread.start()
-
-    def _threads(self):
-        raise NotImplementedError
-
-    def put(self, worker: int, k, xs, futs) -> None:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        raise NotImplementedError
-
-    async def warmup(self, capture: bool = False) -> list:
-        """Run a batch of zeros of each of ``warmup_sizes`` through every worker; wait.
-
-        ``capture``: then capture each worker's CUDA graphs. Returns, per worker, why
-        its capture failed, or None.
-        """
-        spec, max_b = self.batcher.input_spec, self.batcher.policy.max_batch_size
-        rows = torch.zeros((max_b, *spec.shape), dtype=spec.dtype).unbind(0)
-        done = [concurrent.futures.Future() for _ in self.slots]
-        for worker, fut in enumerate(done):
-            self.put(worker, None, (rows, capture), fut)
-        return await asyncio.gather(*map(asyncio.wrap_future, done))
-
-    def _warm(self, slot: _Slot, job, done: concurrent.futures.Future) -> None:
-        xs, capture = job
-        with _WARMUP_LOCK:
-            for b in warmup_sizes(len(xs), capture):
-                if self._serve(slot, xs[:b])[1]:
-                    break  # a model that cannot take zeros fails later, per request
-            done.set_result(self.steps.capture_graphs(slot) if capture else None)
-
-    def _serve(self, slot: _Slot, xs, error: Exception | None = None):
-        """Run ``xs`` to the end: ``(outputs, failed positions)``.
-
-        On an error (``error``: one already raised by this batch) split the batch and
-        retry the halves, down to single requests, so that only the inputs that cause
-        an error fail.
-        """
-        steps = self.steps
-        if error is None:
-            try:
-                out = steps.launch(slot, steps.stage(slot, xs))
-                steps.wait(slot)
-                return out.unbind(0), []
-            except Exception as e:
-                error = e
-        if len(xs) == 1:
-            return [error], [0]
-        steps.recover(slot, error)
-        half = len(xs) // 2
-        outs_a, failed_a = self._serve(slot, xs[:half])
-        outs_b, failed_b = self._serve(slot, xs[half:])
-        return [*outs_a, *outs_b], failed_a + [half + i for i in failed_b]
-
-    def _report(self, worker: int, k: int, futs, outs, failed, phases) -> bool:
-        """Hand a finished batch to the loop; False once the loop is gone."""
-        b = self.batcher
-        try:
-            b._loop.call_soon_threadsafe(b._finished, worker, k, futs, outs, failed,
-                                         b.now_s(), phases)
-            return True
-        except RuntimeError:  # the event loop is closed: nobody waits any more
-            return False
-
-
-class _ThreadRunner(_Runner):
-    """A thread per worker runs each of its batches to the end (the CPU default)."""
-
-    def __init__(self, batcher: DynamicBatcher, steps: _HostSteps):
-        self.inboxes = [queue.SimpleQueue() for _ in range(batcher.workers)]
-        super().__init__(batcher, steps)
-
-    def _threads(self):
-        return [(f"worker-{w}", lambda w=w: self._work(w)) for w in range(len(self.inboxes))]
-
-    def put(self, worker: int, k, xs, futs) -> None:
-        self.inboxes[worker].put((k, xs, futs))
-
-    def stop(self) -> None:
-        for inbox in self.inboxes:
-            inbox.put(None)
-        for thread in self.threads:
-            thread.join()
-
-    def _work(self, worker: int) -> None:
-        slot, inbox, now = self.slots[worker], self.inboxes[worker], self.batcher.now_s
-        self.steps.thread_started()
-        with torch.no_grad():
-            while (job := inbox.get()) is not None:
-                k, xs, futs = job
-                if k is None:
-                    self._warm(slot, xs, futs)
-                    continue
-                picked = now()
-                outs, failed = self._serve(slot, xs)
-                if not self._report(worker, k, futs, outs, failed, (picked, math.nan, now())):
-                    return
-
-
-class _PipelineRunner(_Runner):
-    """A pipeline of threads: stage (one per worker) -> launch (one) -> complete (one).
-
-    A worker's stager stacks its batch into the worker's staging buffer (host copies of
-    different workers run in parallel); the launcher -- the only thread that calls the
-    model -- starts it (on CUDA ``launch`` returns before the device is done); the
-    completer waits for each launched batch, in launch order, and reports. Queues join
-    them. When a launch raises, the launcher finishes that batch itself, synchronously,
-    by ``_serve``'s split-and-retry. The CUDA default.
-    """
-
-    def __init__(self, batcher: DynamicBatcher, steps: _HostSteps):
-        self.inboxes = [queue.SimpleQueue() for _ in range(batcher.workers)]
-        self.to_launch, self.to_complete = queue.SimpleQueue(), queue.SimpleQueue()
-        super().__init__(batcher, steps)
-
-    def _threads(self):
-        return [*((f"stage-{w}", lambda w=w: self._stager(w))
-                  for w in range(len(self.inboxes))),
-                ("launch", self._launcher), ("complete", self._completer)]
-
-    def put(self, worker: int, k, xs, futs) -> None:
-        self.inboxes[worker].put((k, xs, futs))
-
-    def stop(self) -> None:
-        for inbox in self.inboxes:
-            inbox.put(None)
-        for thread in self.threads[:-2]:
-            thread.join()
-        self.to_launch.put(None)
-        for thread in self.threads[-2:]:
-            thread.join()
-
-    def _stager(self, worker: int) -> None:
-        slot, inbox, now, stage = (self.slots[worker], self.inboxes[worker],
-                                   self.batcher.now_s, self.steps.stage)
-        self.steps.thread_started()
-        while (job := inbox.get()) is not None:
-            k, xs, futs = job
-            picked, host_in, error = now(), None, None
-            if k is not None:  # a warm-up batch is staged by the launcher
-                try:
-                    host_in = stage(slot, xs)
-                except Exception as e:
-                    error = e
-            self.to_launch.put((worker, k, xs, futs, host_in, error, picked, now()))
-
-    def _launcher(self) -> None:
-        now, launch = self.batcher.now_s, self.steps.launch
-        self.steps.thread_started()  # it stages warm-up and retried batches
-        with torch.no_grad():
-            while (job := self.to_launch.get()) is not None:
-                worker, k, xs, futs, host_in, error, picked, staged = job
-                slot = self.slots[worker]
-                if k is None:
-                    self._warm(slot, xs, futs)
-                    continue
-                out = failed = None
-                if error is None:
-                    try:
-                        out = launch(slot, host_in)
-                    except Exception as e:
-                        error = e
-                if error is not None:
-                    out, failed = self._serve(slot, xs, error)
-                self.to_complete.put((worker, k, futs, out, failed, (picked, staged, now())))
-        self.to_complete.put(None)
-
-    def _completer(self) -> None:
-        wait = self.steps.wait
-        while (item := self.to_complete.get()) is not None:
-            worker, k, futs, out, failed, phases = item
-            if failed is None:  # launched: wait for it
-                try:
-                    wait(self.slots[worker])
-                    out, failed = out.unbind(0), []
-                except Exception as e:  # an asynchronous device error fails the batch
-                    out, failed = [e] * len(futs), list(range(len(futs)))
-            if not self._report(worker, k, futs, out, failed, phases):
-                return

@@ -45,8 +45,9 @@ from ..policy import BatchPolicy
 from ..result import RunResult
 from ..seeding import streams
 from ..workload import Workload
-from .batcher import DynamicBatcher, QueueFullError, RunLog, warmup_sizes
+from .batcher import DynamicBatcher, QueueFullError, RunLog
 from .naive import InferenceBatcher
+from .runners import warmup_sizes
 
 
 def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
