@@ -262,9 +262,15 @@ class StandInBatcher(DynamicBatcher):
         return _StandInSteps(self)
 
 
+def precise_sleeps() -> None:
+    """Let this thread's sleeps, and those of the threads it starts afterwards, end on
+    time (``PR_SET_TIMERSLACK`` 1 ns, against Linux's default 50 µs): the stand-in's
+    device waits are sleeps, and a CUDA event wait has no such slack."""
+    ctypes.CDLL(None).prctl(29, 1, 0, 0, 0)
+
+
 def bench_standin(configs, repeats: int, seconds: float) -> None:
-    libc = ctypes.CDLL(None)
-    libc.prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK 1 ns: sleeps end on time (threads inherit)
+    precise_sleeps()
     print(f"\nH200 stand-in on CPU ({torch.get_num_threads()} torch threads): saturated "
           f"DynamicBatcher / the stand-in's offline peak, and (in brackets) a launch's host "
           f"time over its time offline, medians of {repeats}")

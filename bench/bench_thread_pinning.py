@@ -89,17 +89,64 @@ def arm_summary(per_instance) -> dict:
     return out
 
 
+def add_alternate_args(p) -> None:
+    """The options of a bench built on ``alternate``: how many batchers, how long each
+    runs, ``--quick``, the machine (``bench_fidelity.add_machine_args``) and ``--out``."""
+    p.add_argument("--instances", type=int, default=8, help="batchers per arm and configuration")
+    p.add_argument("--duration-s", type=float, default=0.5, help="seconds of traffic a run")
+    p.add_argument("--quick", action="store_true", help="2 batchers per arm, 0.05 s runs")
+    add_machine_args(p, awake_by_default=True)
+    p.add_argument("--out", default=None, help="results JSON (default bench/results/...)")
+
+
+def alternate(arms, make_batcher, saturated_rps, instances: int, duration_s: float,
+              report: dict, out: Path) -> None:
+    """At each of ``CONFIGS``, batcher after batcher on the same arrivals, the ``arms``
+    in turn (``make_batcher(arm, policy)`` makes each, ``instances`` per arm), at the
+    configuration's load of ``saturated_rps(max_batch_size)``; per configuration, the
+    batchers' measures (``instance_speeds``, ``p50_ms``) and their ``arm_summary`` go
+    into ``report["configs"]``, printed and written to ``out`` as they come."""
+    import pandas as pd
+
+    from batchsim.real import run_load
+
+    t0 = time.perf_counter()
+    for max_b, max_wait_ms, load in CONFIGS:
+        policy = bs.BatchPolicy(max_b, max_wait_ms)
+        rate_rps = load * saturated_rps(max_b)
+        n = max(200, round(rate_rps * duration_s))
+        tables, p50 = [], {}
+        for k in range(len(arms) * instances):
+            arm, instance = arms[k % len(arms)], k // len(arms)
+            run = run_load(make_batcher(arm, policy), bs.Poisson(rate_rps), n_requests=n,
+                           seed=instance)
+            tables.append(batch_table(run, arm, instance))
+            p50[(arm, instance)] = run.summary()["latency_ms_p50"]
+        per_instance = instance_speeds(pd.concat(tables, ignore_index=True))
+        per_instance["p50_ms"] = [p50[(a, i)] for a, i in
+                                  zip(per_instance["arm"], per_instance["instance"], strict=True)]
+        name = f"b{max_b}_w{max_wait_ms:g}_load{load:g}"
+        report["configs"][name] = {"rate_rps": rate_rps, "n_requests": n,
+                                   "summary": arm_summary(per_instance),
+                                   "instances": per_instance.to_dict("records")}
+        s = report["configs"][name]["summary"]
+        took_s = time.perf_counter() - t0
+        print(f"{name} ({rate_rps:,.0f} requests/s, {took_s:.0f} s): " + "; ".join(
+            f"{arm}: {v['batchers']} batchers, speed {v['median_speed']:.3f} (sd(log) "
+            f"{v['sd_log_speed']:.3f}), dispatch to launch {v['median_cpu_us']:.0f} us "
+            f"(sd(log) {v['sd_log_cpu_us']:.3f}), launch to end {v['median_device_us']:.0f} "
+            f"us ({v['sd_log_device_us']:.3f}), p50 {v['median_p50_ms']:.3f} ms "
+            f"({v['sd_log_p50_ms']:.3f})" for arm, v in s.items()), flush=True)
+        write_report(report, out)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="encoder", choices=["mlp", "cnn", "encoder"])
     p.add_argument("--size", default="tiny", choices=["tiny", "default"])
     p.add_argument("--device", default=None, help="cpu or cuda (default: cpu)")
     p.add_argument("--dtype", default=None)
-    p.add_argument("--instances", type=int, default=8, help="batchers per arm and configuration")
-    p.add_argument("--duration-s", type=float, default=0.5, help="seconds of traffic a run")
-    p.add_argument("--quick", action="store_true", help="2 batchers per arm, 0.05 s runs")
-    add_machine_args(p, awake_by_default=True)
-    p.add_argument("--out", default=None, help="results JSON (default bench/results/...)")
+    add_alternate_args(p)
     args = p.parse_args()
     if args.pin_threads:
         p.error("--pin-threads: this bench pins the threads of every other batcher itself")
@@ -108,9 +155,7 @@ def main() -> None:
 
     os.environ.pop(THREAD_CPUS_ENV, None)  # the "os" arm's batchers: where the OS puts them
 
-    import pandas as pd
-
-    from batchsim.real import DynamicBatcher, make_model, run_load, run_saturated
+    from batchsim.real import DynamicBatcher, make_model, run_saturated
 
     instances = 2 if args.quick else args.instances
     duration_s = 0.05 if args.quick else args.duration_s
@@ -124,40 +169,20 @@ def main() -> None:
               "keep_awake": args.keep_awake, "instances": instances,
               "duration_s": duration_s, "configs": {}}
     out = Path(args.out or RESULTS / f"thread_pinning_{report['device']}_{args.model}.json")
-    t0 = time.perf_counter()
-    for max_b, max_wait_ms, load in CONFIGS:
-        policy = bs.BatchPolicy(max_b, max_wait_ms)
+
+    def make_batcher(arm: str, policy):
+        pinned = arm == "pinned"
+        os.sched_setaffinity(0, {loop_cpu} if pinned else set(cpus))  # the loop's
+        return DynamicBatcher(model, policy, device=args.device,
+                              thread_cpus=thread_cpus if pinned else None)
+
+    def saturated_rps(max_b: int) -> float:
         sat = run_saturated(DynamicBatcher(model, bs.BatchPolicy(max_b, np.inf),
                                            device=args.device), 20 * max_b)
-        rate_rps = load * sat.summary()["throughput_rps"]
-        n = max(200, round(rate_rps * duration_s))
-        tables, p50 = [], {}
-        for k in range(2 * instances):
-            arm = ARMS[k % 2]
-            pinned = arm == "pinned"
-            batcher = DynamicBatcher(model, policy, device=args.device,
-                                     thread_cpus=thread_cpus if pinned else None)
-            os.sched_setaffinity(0, {loop_cpu} if pinned else set(cpus))  # the loop's
-            run = run_load(batcher, bs.Poisson(rate_rps), n_requests=n, seed=k // 2)
-            tables.append(batch_table(run, arm, k // 2))
-            p50[(arm, k // 2)] = run.summary()["latency_ms_p50"]
-        os.sched_setaffinity(0, set(cpus))
-        per_instance = instance_speeds(pd.concat(tables, ignore_index=True))
-        per_instance["p50_ms"] = [p50[(a, i)] for a, i in
-                                  zip(per_instance["arm"], per_instance["instance"], strict=True)]
-        name = f"b{max_b}_w{max_wait_ms:g}_load{load:g}"
-        report["configs"][name] = {"rate_rps": rate_rps, "n_requests": n,
-                                   "summary": arm_summary(per_instance),
-                                   "instances": per_instance.to_dict("records")}
-        s = report["configs"][name]["summary"]
-        took_s = time.perf_counter() - t0
-        print(f"{name} ({rate_rps:,.0f} requests/s, {took_s:.0f} s): " + "; ".join(
-            f"{arm}: {v['batchers']} batchers, speed sd(log) {v['sd_log_speed']:.3f}, "
-            f"dispatch to launch {v['median_cpu_us']:.0f} us (sd(log) {v['sd_log_cpu_us']:.3f}), "
-            f"launch to end {v['median_device_us']:.0f} us ({v['sd_log_device_us']:.3f}), "
-            f"p50 {v['median_p50_ms']:.3f} ms ({v['sd_log_p50_ms']:.3f})"
-            for arm, v in s.items()), flush=True)
-        write_report(report, out)
+        return sat.summary()["throughput_rps"]
+
+    alternate(ARMS, make_batcher, saturated_rps, instances, duration_s, report, out)
+    os.sched_setaffinity(0, set(cpus))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,10 @@
 #          configurations, its threads where the OS puts them or pinned one per CPU
 #          (bench_thread_pinning.py: do the rows' own speeds come from where the threads
 #          land?) -> $OUT/thread_pinning_<model>.{json,log};
+#   one worker (only with BATCHSIM_GPU_ONE_WORKER=1, about a minute per model, outside
+#          HARD_S): the same, one worker each, through the pipeline of threads or a
+#          thread per worker (bench_one_worker.py: what do the pipeline's hand-overs
+#          cost a batch when there is nothing to overlap?) -> $OUT/one_worker_<model>.{json,log};
 #   fidelity (only with BATCHSIM_GPU_FIDELITY=1, about 5 minutes more on an H200: the
 #          encoder 3.5, the CNN 1.5; outside HARD_S): the simulator calibrated on the
 #          encoder and the CNN at bfloat16 against the real batcher, quick grid, Poisson
@@ -109,22 +113,25 @@ if [ "${BATCHSIM_GPU_PROFILES:-0}" = 1 ]; then
     pack
 fi
 
-if [ "${BATCHSIM_GPU_PINNING:-0}" = 1 ]; then
-    echo "== pinning: batcher after batcher, threads where the OS puts them or pinned =="
+benches=()
+if [ "${BATCHSIM_GPU_PINNING:-0}" = 1 ]; then benches+=(thread_pinning); fi
+if [ "${BATCHSIM_GPU_ONE_WORKER:-0}" = 1 ]; then benches+=(one_worker); fi
+for bench in "${benches[@]}"; do
+    echo "== $bench: batcher after batcher =="
     if [ -n "${BATCHSIM_GPU_DRY:-}" ]; then
-        runs=(mlp) PINNING=(--quick --device cpu)
+        runs=(mlp) ARGS=(--quick)
     else
-        runs=(encoder cnn) PINNING=(--device cuda --dtype bfloat16 --size default --cpu 2-7)
-        if [ "$(nproc)" -lt 8 ]; then PINNING=(--device cuda --dtype bfloat16 --size default); fi
+        runs=(encoder cnn) ARGS=(--device cuda --dtype bfloat16)
+        if [ "$bench" = thread_pinning ]; then ARGS+=(--size default); fi
+        if [ "$(nproc)" -ge 8 ]; then ARGS+=(--cpu 2-7); fi
     fi
     for model in "${runs[@]}"; do
-        timeout -k 5 150 "$PYTHON" bench/bench_thread_pinning.py --model "$model" \
-            "${PINNING[@]}" --out "$OUT/thread_pinning_${model}.json" 2>&1 \
-            | tee "$OUT/thread_pinning_${model}.log"
-        echo "pinning $model exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+        timeout -k 5 150 "$PYTHON" "bench/bench_${bench}.py" --model "$model" "${ARGS[@]}" \
+            --out "$OUT/${bench}_${model}.json" 2>&1 | tee "$OUT/${bench}_${model}.log"
+        echo "$bench $model exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
         pack
     done
-fi
+done
 
 if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then
     echo "== fidelity: the calibrated simulator against the real batcher =="

@@ -63,19 +63,26 @@ def test_session_script_skips_the_bench_and_measures_placements_packed(tmp_path)
     """``BATCHSIM_GPU_PACK=1``: the parts write under ``$OUT/parts``, packed into one
     ``$OUT/all.tar.gz`` (a device machine may hand back only a few files). Placements of
     the threads, and batcher after batcher with them pinned or not
-    (``BATCHSIM_GPU_PINNING=1``)."""
+    (``BATCHSIM_GPU_PINNING=1``), or with one worker through the pipeline or a thread
+    (``BATCHSIM_GPU_ONE_WORKER=1``)."""
     env = {**os.environ, "BATCHSIM_GPU_DRY": "1", "OUT": str(tmp_path), "PYTHON": sys.executable,
            "BATCHSIM_GPU_BENCH": "0", "BATCHSIM_GPU_PLACEMENT": "1", "BATCHSIM_GPU_PACK": "1",
-           "BATCHSIM_GPU_PINNING": "1"}
+           "BATCHSIM_GPU_PINNING": "1", "BATCHSIM_GPU_ONE_WORKER": "1"}
     log = subprocess.run(["bash", "bench/gpu_session.sh"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300, check=True).stdout
-    assert "bench exit" not in log and "placement exit 0" in log and "pinning mlp exit 0" in log
+    assert "bench exit" not in log and "placement exit 0" in log
+    assert "thread_pinning mlp exit 0" in log and "one_worker mlp exit 0" in log
     assert sorted(p.name for p in tmp_path.iterdir()) == ["all.tar.gz", "parts"]
     with tarfile.open(tmp_path / "all.tar.gz") as packed:
         assert {"parts/placement.log", "parts/placement_gpu_cpu.json",
-                "parts/thread_pinning_mlp.json"} <= set(packed.getnames())
+                "parts/thread_pinning_mlp.json", "parts/one_worker_mlp.json"} <= set(
+                    packed.getnames())
     pinning = json.loads((tmp_path / "parts" / "thread_pinning_mlp.json").read_text())
     assert set(pinning["configs"]) == {"b8_w1_load0.2", "b32_w0_load0.5"}
+    one_worker = json.loads((tmp_path / "parts" / "one_worker_mlp.json").read_text())
+    assert one_worker["model"] == "standin-mlp" and {
+        arm: s["batchers"] for arm, s in one_worker["configs"]["b8_w1_load0.2"]["summary"].items()
+    } == {"pipeline": 2, "thread": 2}
     parts = tmp_path / "parts"
     assert not (parts / "bench_gpu_cpu.json").exists()
     report = json.loads((parts / "placement_gpu_cpu.json").read_text())
