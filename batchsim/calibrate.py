@@ -76,9 +76,12 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     """Measure ``model_or_batcher`` and its batcher; a ``CalibratedService`` for ``simulate``.
 
     ``model_or_batcher``: a model (a callable on a batched tensor with an ``input_spec``
-    attribute, or give ``input_spec``) or a ``DynamicBatcher`` whose model, device, input
-    spec and max_batch_size are used (it is not started: calibration serves the model
-    with batchers of its own, one worker). ``batch_sizes``: where ``s(b)`` is timed,
+    attribute, or give ``input_spec``), served by batchers with the defaults, or a
+    ``DynamicBatcher``, served as it serves it (``DynamicBatcher.like``: its runner, CUDA
+    graphs and thread CPUs, and its device and input spec unless given), whose
+    max_batch_size is the default. Either way the calibration makes batchers of its
+    own, one worker each (``batchsim.real.batcher.one_worker``); a given batcher is not
+    started. ``batch_sizes``: where ``s(b)`` is timed,
     ``repeats`` times each (default: powers of two up to ``max_batch_size``, and it).
     ``profile``: how ``s(b)`` is timed -- ``"model"``, the model alone
     (``profile_model``); ``"batcher"``, full batches through a one-worker batcher
@@ -99,16 +102,12 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     to refit them or take them apart later.
     """
     from .real import DynamicBatcher, profile_batcher, profile_model
+    from .real.batcher import served_model
     from .real.models import model_device
 
-    if isinstance(model_or_batcher, DynamicBatcher):
-        model = model_or_batcher.model_fn
-        device = model_or_batcher.device if device is None else device
-        input_spec = model_or_batcher.input_spec if input_spec is None else input_spec
-        if max_batch_size is None:
-            max_batch_size = model_or_batcher.max_batch_size
-    else:
-        model = model_or_batcher
+    model, device, input_spec = served_model(model_or_batcher, device, input_spec)
+    if isinstance(model_or_batcher, DynamicBatcher) and max_batch_size is None:
+        max_batch_size = model_or_batcher.max_batch_size
     if not callable(model):
         raise ValueError(f"model_or_batcher must be a model or a DynamicBatcher, "
                          f"got {model_or_batcher!r}")
@@ -129,12 +128,12 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     if profile == "auto":
         profile = "batcher" if model_device(model, device).type == "cuda" else "model"
     if profile == "batcher":
-        s_b = profile_batcher(model, sizes, device=device, repeats=repeats, input_spec=spec,
-                              min_duration_s=profile_s)
+        s_b = profile_batcher(model_or_batcher, sizes, device=device, repeats=repeats,
+                              input_spec=spec, min_duration_s=profile_s)
     else:
         s_b = profile_model(model, sizes, device=device, repeats=repeats, input_spec=spec,
                             overhead=False, min_duration_s=profile_s)
-    measured = _calibration_runs(model, max_b, n, duration_s, device, spec, seed)
+    measured = _calibration_runs(model_or_batcher, max_b, n, duration_s, device, spec, seed)
     if runs is not None:
         runs.extend(measured)
     resolution_ms, latency_ms, timer_fit = _timer(_check.positive_int(
@@ -494,19 +493,22 @@ def _default_sizes(max_b: int) -> list[int]:
     return sorted({2**k for k in range(max_b.bit_length()) if 2**k <= max_b} | {max_b})
 
 
-def _calibration_runs(model, max_b, n, duration_s, device, spec, seed) -> list[RunResult]:
+def _calibration_runs(model_or_batcher, max_b, n, duration_s, device, spec,
+                      seed) -> list[RunResult]:
     """The calibration runs: Poisson at ``CALIBRATION_LOADS`` of the saturated throughput,
     from a mostly idle worker (it wakes cold) to a busy one.
 
     At each rate one batcher waits up to four saturated batch cycles for a batch to fill
     (batch sizes and the arrivals during a batch vary apart) and one is greedy (its
     decisions are woken by arrivals); ``n`` requests in all, or ``duration_s`` of
-    traffic per run if that is more.
+    traffic per run if that is more. Each run's batcher is ``one_worker`` of
+    ``model_or_batcher``.
     """
-    from .real import DynamicBatcher, run_load, run_saturated
+    from .real import run_load, run_saturated
+    from .real.batcher import one_worker
 
     def batcher(policy):
-        return DynamicBatcher(model, policy, device=device, input_spec=spec)
+        return one_worker(model_or_batcher, policy, device=device, input_spec=spec)
 
     inputs = None if spec is None else spec.random(max_b)
     sat = run_saturated(batcher(BatchPolicy(max_b, math.inf)),

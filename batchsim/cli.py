@@ -264,6 +264,10 @@ def _args_validate(p):
     p.add_argument("--device", default="cpu", help="cpu, cuda, ...")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=None,
+                   help="serve every batch through the stage/launch/complete pipeline of "
+                   "threads, or a thread per worker (--no-pipeline), in the calibration and "
+                   "every run (default: the device's default, the pipeline on CUDA)")
     p.add_argument("--cpu", default=None,
                    help="run on these CPUs, as 0, 2-7 or 2,3: on one, the event loop and "
                    "the batcher's worker share it in the calibration and in every run; a "
@@ -335,6 +339,8 @@ def _validate(args) -> int:
 
     from . import calibrate as cal
     from . import fidelity as fid
+    from .policy import BatchPolicy
+    from .real import DynamicBatcher
     from .real.models import MODELS, make_model
     from .service import CalibratedService, load_service
     from .workload import Bursty, Poisson
@@ -346,6 +352,10 @@ def _validate(args) -> int:
                          f"got {args.model!r}")
     torch.set_num_threads(args.threads)
     model = make_model(name, device=args.device, dtype=args.dtype, size=size or "default")
+    # What the calibration and every run serve: the model, or a batcher like this one.
+    served = model if args.pipeline is None else DynamicBatcher(
+        model, BatchPolicy(max(grid["max_batch_size"]), 0.0), device=args.device,
+        pipeline=args.pipeline)
     if args.calibration:
         service = load_service(args.calibration)
         if not isinstance(service, CalibratedService):
@@ -353,18 +363,18 @@ def _validate(args) -> int:
                              f"{type(service).__name__} from {args.calibration!r}")
     else:
         print(f"calibrating {model.zoo_name} on {args.device} ...", flush=True)
-        service = cal.calibrate(model, max(grid["max_batch_size"]), device=args.device)
+        service = cal.calibrate(served, max(grid["max_batch_size"]), device=args.device)
     if args.save_calibration:
         service.save(args.save_calibration)
     shape = Poisson(1.0) if args.arrivals == "poisson" else Bursty(4.0, 0.25, 0.02, 0.06)
     runs = [] if args.recalibrate else None   # the real runs, to simulate them again
-    df = fid.fidelity(model, service, workload=shape, n_requests=args.n_requests,
+    df = fid.fidelity(served, service, workload=shape, n_requests=args.n_requests,
                       duration_s=args.duration_s, seed=args.seed, repeat=args.repeat,
                       device=args.device, progress=True, runs=runs,
                       probe_speed=args.probe_speed, speed_history=[], **grid)
     if args.recalibrate:
         print(f"calibrating {model.zoo_name} again, after the grid ...", flush=True)
-        fid.resimulate(df, runs, cal.calibrate(model, max(grid["max_batch_size"]),
+        fid.resimulate(df, runs, cal.calibrate(served, max(grid["max_batch_size"]),
                                                device=args.device))
     if args.out:
         df.to_csv(args.out, index=False)

@@ -27,10 +27,13 @@ from .service import CalibratedService, ServiceModel
 from .workload import Poisson, Trace, Workload
 
 
-def run_pair(model, service: ServiceModel, policy: BatchPolicy, workload: Workload,
-             n_requests: int, seed: int = 0, *, arrivals: str = "scheduled",
-             device=None) -> tuple[RunResult, RunResult]:
+def run_pair(model_or_batcher, service: ServiceModel, policy: BatchPolicy,
+             workload: Workload, n_requests: int, seed: int = 0, *,
+             arrivals: str = "scheduled", device=None) -> tuple[RunResult, RunResult]:
     """Serve ``workload`` (seeded) with the real batcher and simulate the same requests.
+
+    The real batcher has one worker and serves the model with the defaults, or as a
+    given ``DynamicBatcher`` serves it (``batchsim.real.batcher.one_worker``).
 
     ``arrivals="scheduled"``: the simulator gets the instants drawn for the seed, when
     the load generator was due to send each request, and models how they reach the
@@ -44,11 +47,12 @@ def run_pair(model, service: ServiceModel, policy: BatchPolicy, workload: Worklo
     show that). Both runs' ``arrival_s`` are when the batcher got each request.
     """
     from .real import run_load
+    from .real.batcher import one_worker
     from .sim import simulate
 
     _check.one_of("arrivals", arrivals, ("scheduled", "recorded"))
-    real = run_load(model, workload, policy, n_requests=n_requests, seed=seed,
-                    device=device)
+    real = run_load(one_worker(model_or_batcher, policy, device=device), workload,
+                    n_requests=n_requests, seed=seed)
     if arrivals == "recorded":
         return real, simulate(Trace(real.arrival_s), policy, service, seed=seed)
     return real, simulate_schedule(real, policy, service, seed)
@@ -82,13 +86,16 @@ SPEED_PROBE_BATCHES = 100
 SPEED_PROBE_MIN_REQUESTS = 2000
 
 
-def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(0.0, 1.0),
-             load=(0.2, 0.5, 0.8), *, workload: Workload | None = None,
+def fidelity(model_or_batcher, service: ServiceModel, max_batch_size=(8, 32),
+             max_wait_ms=(0.0, 1.0), load=(0.2, 0.5, 0.8), *, workload: Workload | None = None,
              n_requests: int = 2000, duration_s: float | None = None, seed: int = 0,
              repeat: bool = False, baseline: ServiceModel | None = None, device=None,
              progress: bool = False, runs: list | None = None, probe_speed: bool = False,
              speed_history: list | None = None):
     """Real against simulated over max_batch_size x max_wait_ms x load: a DataFrame.
+
+    ``model_or_batcher``: the model, served with the defaults, or a ``DynamicBatcher``
+    that each row serves it as (``run_pair``), one worker.
 
     ``load`` is a fraction of ``service.capacity_rps(max_batch_size)``; ``workload``
     (default Poisson) is rescaled to that rate. Each run serves ``n_requests``, or with
@@ -136,11 +143,12 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
     import pandas as pd
 
     from .real import run_load
+    from .real.batcher import one_worker
     from .sim import simulate
 
     shape = Poisson(1.0) if workload is None else workload
     configs = list(itertools.product(max_batch_size, max_wait_ms, load))
-    start_rps = ({int(b): _speed_probe(model, int(b), device) for b in max_batch_size}
+    start_rps = ({int(b): _speed_probe(model_or_batcher, int(b), device) for b in max_batch_size}
                  if probe_speed else {})
     rows = []
     for k, (mb, mw, x) in enumerate(configs):
@@ -150,9 +158,11 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
         n = n_requests if duration_s is None else max(n_requests, round(rate_rps * duration_s))
         speed = {}
         if probe_speed:
-            speed["speed_ratio"] = (_speed_probe(model, policy.max_batch_size, device)
+            speed["speed_ratio"] = (_speed_probe(model_or_batcher, policy.max_batch_size,
+                                                 device)
                                     / start_rps[policy.max_batch_size])
-        real, sim = run_pair(model, service, policy, traffic, n, seed, device=device)
+        real, sim = run_pair(model_or_batcher, service, policy, traffic, n, seed,
+                             device=device)
         sim_late_ms = 1e3 * (sim.arrival_s - sim.meta["sent_s"])
         row = {"max_batch_size": policy.max_batch_size, "max_wait_ms": policy.max_wait_ms,
                "load": float(x), "rate_rps": rate_rps, "n_requests": n,
@@ -171,7 +181,7 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
             if speed_history is not None:
                 row["tracked_ratio"] = tracked_ratio(speed_history)
                 tracked = simulate_schedule(real, policy,
-                                             at_speed(service, row["tracked_ratio"]), seed)
+                                            at_speed(service, row["tracked_ratio"]), seed)
                 row.update(_rel_errors("tracked_err", real, tracked))
                 speed_history.append(row["worker_time_ratio"])
         recorded = simulate(Trace(real.arrival_s), policy, service, seed=seed)
@@ -181,7 +191,8 @@ def fidelity(model, service: ServiceModel, max_batch_size=(8, 32), max_wait_ms=(
             row.update(_rel_errors("base_err", real, base))
         again = None
         if repeat:
-            again = run_load(model, traffic, policy, n_requests=n, seed=seed, device=device)
+            again = run_load(one_worker(model_or_batcher, policy, device=device), traffic,
+                             n_requests=n, seed=seed)
             row.update(_rel_errors("floor_err", real, again))
         rows.append(row)
         if runs is not None:
@@ -205,12 +216,15 @@ def tracked_ratio(speed_history, kept: int | None = TRACKED_RUNS) -> float:
     return float(np.median(speed_history)) if len(speed_history) else 1.0
 
 
-def _speed_probe(model, max_batch_size: int, device) -> float:
-    """How many requests/s ``model`` is served right now: a short saturated run."""
+def _speed_probe(model_or_batcher, max_batch_size: int, device) -> float:
+    """How many requests/s the model is served right now: a short saturated run of
+    ``one_worker`` of ``model_or_batcher``."""
     from .real import run_saturated
+    from .real.batcher import one_worker
 
     n = max(SPEED_PROBE_BATCHES * max_batch_size, SPEED_PROBE_MIN_REQUESTS)
-    res = run_saturated(model, n, BatchPolicy(max_batch_size, math.inf), device=device)
+    res = run_saturated(one_worker(model_or_batcher, BatchPolicy(max_batch_size, math.inf),
+                                   device=device), n)
     return res.summary()["throughput_rps"]
 
 

@@ -201,6 +201,10 @@ def main() -> None:
     p.add_argument("--profile", default="auto", choices=["auto", "model", "batcher"],
                    help="how calibrate times s(b) (default %(default)s: through the batcher "
                         "on CUDA, the model alone elsewhere)")
+    p.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=None,
+                   help="serve every batch through the stage/launch/complete pipeline of "
+                        "threads, or not (a thread per worker); default: the device's "
+                        "default (the pipeline on CUDA)")
     add_machine_args(p, awake_by_default=True)
     p.add_argument("--out", default=str(RESULTS), help="results JSON (default %(default)s)")
     p.add_argument("--recalibrate", action="store_true",
@@ -219,15 +223,19 @@ def main() -> None:
 
     from batchsim.calibrate import calibrate
     from batchsim.fidelity import fidelity, resimulate
-    from batchsim.real import make_model
+    from batchsim.real import DynamicBatcher, make_model
 
     model = make_model(args.model, device=args.device, dtype=args.dtype, size=args.size)
-    chosen = {name: workloads()[name] for name in args.workloads.split(",")}
     grid = QUICK_GRID if args.quick else FULL_GRID
+    # What the calibration and every row serve: the model, or a batcher like this one.
+    served = model if args.pipeline is None else DynamicBatcher(
+        model, bs.BatchPolicy(max(grid["max_batch_size"]), 0.0), device=args.device,
+        pipeline=args.pipeline)
+    chosen = {name: workloads()[name] for name in args.workloads.split(",")}
     duration_s = args.duration_s or (0.5 if args.quick else 1.5)
     t0 = time.perf_counter()
     calibration_runs = []
-    service = calibrate(model, max(grid["max_batch_size"]), seed=0, device=args.device,
+    service = calibrate(served, max(grid["max_batch_size"]), seed=0, device=args.device,
                         profile=args.profile, runs=calibration_runs)
     calibrate_s = time.perf_counter() - t0
     costs = service.costs
@@ -252,6 +260,7 @@ def main() -> None:
               "torch": torch.__version__, "python": platform.python_version(),
               "cpu_count": os.cpu_count(), "torch_threads": 1, "nice": args.nice, "cpu": args.cpu,
               "keep_awake": args.keep_awake, "pin_threads": args.pin_threads,
+              "pipeline": args.pipeline,
               "quick": args.quick, "duration_s": duration_s, "grid": grid, "targets": TARGETS,
               "calibration": service.to_dict(), "calibrate_s": calibrate_s,
               "loadavg_start": os.getloadavg(), "workloads": {}}
@@ -263,7 +272,7 @@ def main() -> None:
     for name, (shape, seed) in chosen.items():
         print(f"-- {name} (seed {seed})", flush=True)
         saved["runs"][name] = []
-        df = fidelity(model, service, workload=shape, n_requests=1000, duration_s=duration_s,
+        df = fidelity(served, service, workload=shape, n_requests=1000, duration_s=duration_s,
                       seed=seed, repeat=True, baseline=service.model, progress=True,
                       device=args.device, runs=saved["runs"][name],
                       probe_speed=args.probe_speed, speed_history=speed_history, **grid)
@@ -303,7 +312,7 @@ def main() -> None:
             save_runs(saved, args.save_runs)
     if args.recalibrate:
         saved["recalibration_runs"] = []
-        again = calibrate(model, max(grid["max_batch_size"]), seed=0, device=args.device,
+        again = calibrate(served, max(grid["max_batch_size"]), seed=0, device=args.device,
                           profile=args.profile, runs=saved["recalibration_runs"])
         saved["recalibration"] = again
         report["recalibration"] = again.to_dict()

@@ -43,7 +43,9 @@
 #          with its threads where the OS puts them (<model> cnn_os_placed; about 1.5
 #          minutes more): the other half of a pair on one machine. BATCHSIM_GPU_PIN_THREADS=1
 #          pins the event loop to the first of those CPUs and each batcher's threads one
-#          per CPU on the others (bench_fidelity.py --pin-threads). Where nvidia-smi is,
+#          per CPU on the others (bench_fidelity.py --pin-threads). BATCHSIM_GPU_PIPELINE=0
+#          serves the calibration and every row with a thread per worker instead of the
+#          pipeline of threads (bench_fidelity.py --no-pipeline). Where nvidia-smi is,
 #          the GPU's clocks are logged every 50 ms during each run -> gpu_clocks_<model>.csv,
 #          and set beside its batches -> gpu_clocks_<model>_bfloat16.{json,log}
 #          (bench_gpu_clocks.py: did the rows that ran slow run at lower clocks?).
@@ -141,6 +143,7 @@ if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then
         dtype=float32 FID=(--device cpu --size tiny --duration-s 0.05 --profile batcher)
     else
         dtype=bfloat16 FID=(--device cuda --size default)
+        if [ "${BATCHSIM_GPU_PIPELINE:-1}" = 0 ]; then FID+=(--no-pipeline); fi
         if [ "$(nproc)" -ge 8 ]; then cpus=${BATCHSIM_GPU_CPUS-2-7}; else cpus=""; fi
         if [ -n "$cpus" ]; then PIN=(--cpu "$cpus"); fi
         if [ -n "$cpus" ] && [ "${BATCHSIM_GPU_PIN_THREADS:-0}" = 1 ]; then

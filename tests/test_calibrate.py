@@ -759,6 +759,26 @@ def test_calibrate_takes_a_batcher_and_refuses_bad_arguments():
         assert svc.metadata["cpus"] == sorted(os.sched_getaffinity(0))
 
 
+def test_calibrate_serves_a_given_batcher_as_it_serves_its_model():
+    """A batcher with the pipeline of threads on the CPU (not the default there), pinned:
+    its profile's batches and every calibration run go through batchers like it, one
+    worker each."""
+    from batchsim.real import DynamicBatcher
+
+    cpu = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    batcher = DynamicBatcher(known_cost, bs.BatchPolicy(2, 1.0), workers=2, pipeline=True,
+                             thread_cpus=None if cpu is None else [cpu])
+    runs = []
+    svc = bs.calibrate(batcher, n_requests=200, duration_s=0.0, batch_sizes=(1, 2), repeats=3,
+                       profile_s=0.0, timer_probes=20, profile="batcher", runs=runs)
+    assert svc.model.metadata["through"] == "batcher" and len(runs) == 10
+    for run in runs:
+        staged_s = run.meta["batch_phases_s"][:, 1]
+        assert run.workers == 1 and np.isfinite(staged_s).all()   # a stager staged each
+        if cpu is not None:
+            assert set(run.meta["thread_cpus"].values()) == {cpu}
+
+
 # -- the command line ------------------------------------------------------------------
 
 
@@ -788,6 +808,31 @@ def test_validate_command_writes_the_table_and_the_plot(tmp_path, capsys):
     # the file's made-up calibration and a real one predict apart
     assert (table["recal_err_latency_ms_p50"] != table["err_latency_ms_p50"]).all()
     assert (tmp_path / "v.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("flag, pipeline", [([], False), (["--pipeline"], True),
+                                            (["--no-pipeline"], False)])
+def test_validate_serves_the_calibration_and_every_run_with_the_runner_asked(
+        flag, pipeline, monkeypatch, tmp_path):
+    """``--pipeline``: through the stage/launch/complete pipeline of threads, whose stager
+    stages each batch; the CPU's default and ``--no-pipeline``: a thread per worker."""
+    import batchsim.fidelity as fid
+    from batchsim.cli import main
+
+    runs = {"calibrate": [], "grid": []}
+    calibrate, fidelity = bs.calibrate.calibrate, fid.fidelity
+    monkeypatch.setattr(bs.calibrate, "calibrate", lambda *a, **k: calibrate(
+        *a, **{**k, "runs": runs["calibrate"], "n_requests": 200, "duration_s": 0.0,
+               "repeats": 3, "profile_s": 0.0, "timer_probes": 20}))
+    monkeypatch.setattr(fid, "fidelity", lambda *a, **k: fidelity(*a, **{**k, "runs": runs[
+        "grid"]}))
+    assert main(["validate", "--model", "tiny-mlp", "--grid", "max_batch_size=4",
+                 "max_wait_ms=1", "load=0.2", "--duration-s", "0.02", "-n", "200",
+                 *flag]) == 0
+    served = [*runs["calibrate"], *(run["real"] for run in runs["grid"])]
+    assert len(served) == 11
+    for res in served:
+        assert np.isfinite(res.meta["batch_phases_s"][:, 1]).all() == pipeline
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="CPU affinity is Linux's")

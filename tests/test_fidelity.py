@@ -153,7 +153,7 @@ def test_bench_fidelity_saves_the_service_and_each_rows_real_run(tmp_path):
     subprocess.run([sys.executable, "bench/bench_fidelity.py", "--quick", "--duration-s",
                     "0.02", "--workloads", "poisson", "--out", str(tmp_path / "f.json"),
                     "--save-runs", str(tmp_path / "runs.pkl.gz"), "--recalibrate",
-                    "--probe-speed"],
+                    "--probe-speed", "--pipeline"],
                    cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
                    capture_output=True, timeout=300)
     saved = pickle.loads(gzip.decompress((tmp_path / "runs.pkl.gz").read_bytes()))
@@ -168,6 +168,11 @@ def test_bench_fidelity_saves_the_service_and_each_rows_real_run(tmp_path):
                          ("recalibration_runs", saved["recalibration"])):
         assert ([str(r.meta["policy"]) for r in saved[key]]
                 == service.metadata["calibration_policies"])
+    # --pipeline: the calibration and every row through the pipeline of threads, whose
+    # stager stages each batch (on the CPU a thread per worker is the default).
+    assert report["pipeline"] is True
+    for res in [*saved["calibration_runs"], *(run["real"] for run in runs)]:
+        assert np.isfinite(res.meta["batch_phases_s"][:, 1]).all()
     for run, row in zip(runs, rows, strict=True):
         assert set(run) == {"policy", "rate_rps", "seed", "real"}
         assert run["policy"].max_batch_size == row["max_batch_size"]
@@ -257,11 +262,37 @@ def test_each_row_is_also_simulated_at_the_speed_the_rows_before_it_ran(service)
                                                                            first])])
     for run, row in zip(runs, df.to_dict("records"), strict=True):
         tracked = fid.simulate_schedule(run["real"], run["policy"],
-                                         at_speed(service, row["tracked_ratio"]), run["seed"])
+                                        at_speed(service, row["tracked_ratio"]), run["seed"])
         assert row["tracked_err_latency_ms_p99"] == pytest.approx(
             bs.compare(run["real"], tracked).table["rel_error"]["latency_ms_p99"])
     assert fidelity_summary(df)["median_abs_tracked_latency_ms_p50"] == pytest.approx(
         df["tracked_err_latency_ms_p50"].abs().median())
+
+
+def test_a_grid_given_a_batcher_serves_every_run_as_that_batcher_does(service, monkeypatch):
+    """The pipeline of threads on the CPU (not its default): each row's run, its repeat
+    and the speed probes go through one-worker batchers like the one given."""
+    import batchsim.fidelity as fid
+    from batchsim.real import DynamicBatcher, run_saturated
+
+    template = DynamicBatcher(sleepy, bs.BatchPolicy(8, 1.0), workers=2, pipeline=True)
+    probed = []
+
+    def probe_runs(batcher, n):
+        probed.append((batcher.workers, batcher.pipeline))
+        return run_saturated(batcher, n)
+
+    monkeypatch.setattr("batchsim.real.run_saturated", probe_runs)
+    runs = []
+    fidelity(template, service, max_batch_size=(8,), max_wait_ms=(1.0,), load=(0.5,),
+             n_requests=200, seed=9, repeat=True, runs=runs, probe_speed=True)
+    assert probed == [(1, True), (1, True)]      # at the start, and before the row
+    for res in (runs[0]["real"], runs[0]["again"]):
+        assert res.workers == 1 and np.isfinite(res.meta["batch_phases_s"][:, 1]).all()
+    # Given the model, the CPU's default: a thread per worker, which stages in its run.
+    plain, _ = fid.run_pair(sleepy, service, bs.BatchPolicy(8, 1.0), bs.Poisson(2000.0), 100,
+                            seed=9)
+    assert np.isnan(plain.meta["batch_phases_s"][:, 1]).all()
 
 
 def test_the_tracked_speed_is_the_median_of_the_runs_it_keeps():

@@ -21,6 +21,7 @@ from batchsim.real import (
     make_model,
     run_load,
 )
+from batchsim.real.batcher import one_worker
 from batchsim.real.runners import Graphs, HostSteps, graph_buckets, single_threaded_ops
 from batchsim.result import COMPLETED, EXPIRED, FAILED, REJECTED
 
@@ -518,6 +519,24 @@ def test_thread_cpus_pin_each_of_the_batchers_threads_in_turn(pipeline):
     assert sorted(os.sched_getaffinity(0)) == ours       # the caller's thread as it was
     assert "thread_cpus" not in run_load(DynamicBatcher(model, bs.BatchPolicy(4, 1.0)),
                                          bs.Poisson(2000.0), n_requests=20).meta
+
+
+def test_a_batcher_like_another_serves_its_model_with_its_settings():
+    cpus = sorted(os.sched_getaffinity(0))[:1] if hasattr(os, "sched_getaffinity") else None
+    first = DynamicBatcher(Affine(), bs.BatchPolicy(4, 1.0), workers=3, pipeline=True,
+                           cuda_graphs=False, thread_cpus=cpus)
+    policy = bs.BatchPolicy(8, 0.0)
+    second = first.like(policy)
+    assert second is not first and second.policy == policy
+    settings = ("model_fn", "workers", "device", "input_spec", "pipeline", "cuda_graphs",
+                "thread_cpus")
+    assert all(getattr(second, name) == getattr(first, name) for name in settings)
+    spec = InputSpec((3,), torch.float64)
+    third = first.like(policy, workers=1, input_spec=spec)
+    assert (third.workers, third.input_spec, third.pipeline) == (1, spec, True)
+    assert one_worker(first, policy).workers == 1 and one_worker(first, policy).pipeline
+    plain = one_worker(first.model_fn, policy)
+    assert plain.workers == 1 and not plain.pipeline and plain.model_fn is first.model_fn
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="thread affinity is Linux's")

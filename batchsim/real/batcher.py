@@ -222,6 +222,20 @@ class DynamicBatcher:
     def _make_steps(self) -> HostSteps:
         return (CudaSteps if self.device.type == "cuda" else HostSteps)(self)
 
+    def like(self, policy: BatchPolicy, *, workers: int | None = None, device=None,
+             input_spec: InputSpec | None = None) -> DynamicBatcher:
+        """A new, unstarted batcher that serves this one's model as this one does -- with
+        its runner (``pipeline``), CUDA graphs and thread CPUs, and its workers, device
+        and input spec unless given -- under ``policy``. A batcher serves one run;
+        ``calibrate``, ``profile_batcher`` and ``fidelity``, given a batcher, measure it
+        through new ones made by this."""
+        return DynamicBatcher(self.model_fn, policy,
+                              self.workers if workers is None else workers,
+                              self.device if device is None else device,
+                              self.input_spec if input_spec is None else input_spec,
+                              pipeline=self.pipeline, cuda_graphs=self.cuda_graphs,
+                              thread_cpus=self.thread_cpus)
+
     async def __aenter__(self) -> DynamicBatcher:
         return await self.start()
 
@@ -471,6 +485,28 @@ class DynamicBatcher:
         self._in_flight -= 1
         heapq.heappush(self._free, worker)
         self._decide()
+
+
+def one_worker(model_or_batcher, policy: BatchPolicy, *, device=None,
+               input_spec: InputSpec | None = None) -> DynamicBatcher:
+    """A new one-worker batcher under ``policy``: ``like`` ``model_or_batcher`` if that
+    is a ``DynamicBatcher``, else serving that model with the defaults; on ``device``
+    and with ``input_spec`` where given. What the measurements run: ``calibrate`` fits
+    one worker, and ``simulate`` scales to more."""
+    if isinstance(model_or_batcher, DynamicBatcher):
+        return model_or_batcher.like(policy, workers=1, device=device, input_spec=input_spec)
+    return DynamicBatcher(model_or_batcher, policy, device=device, input_spec=input_spec)
+
+
+def served_model(model_or_batcher, device=None, input_spec: InputSpec | None = None):
+    """``(model, device, input_spec)`` that a measurement of ``model_or_batcher`` serves:
+    a ``DynamicBatcher``'s model, and its device and input spec unless given; else the
+    model and what was given."""
+    if isinstance(model_or_batcher, DynamicBatcher):
+        return (model_or_batcher.model_fn,
+                model_or_batcher.device if device is None else device,
+                model_or_batcher.input_spec if input_spec is None else input_spec)
+    return model_or_batcher, device, input_spec
 
 
 def _name(model_fn) -> str:

@@ -102,12 +102,15 @@ def _measure_model(model, spec, dev, sizes, repeats, warmup, end_to_end,
     return prof
 
 
-def profile_batcher(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats: int = 20,
-                    *, input_spec=None, min_duration_s: float = 0.0) -> ProfileService:
-    """``s(b)`` as ``DynamicBatcher`` serves ``model``: for each ``b``, the median time a
+def profile_batcher(model_or_batcher, batch_sizes=DEFAULT_BATCH_SIZES, device=None,
+                    repeats: int = 20, *, input_spec=None,
+                    min_duration_s: float = 0.0) -> ProfileService:
+    """``s(b)`` as ``DynamicBatcher`` serves a model: for each ``b``, the median time a
     full batch holds the worker (dispatch to end) of a one-worker batcher of
     ``max_batch_size=b`` that was handed ``repeats + 2`` batches at once (the first two
-    are not counted; nothing arrives while a batch runs). Such a pass over the sizes is
+    are not counted; nothing arrives while a batch runs). ``model_or_batcher``: the
+    model, served with the defaults, or a ``DynamicBatcher``, served as it serves it
+    (``DynamicBatcher.like``). Such a pass over the sizes is
     made again until the passes have taken ``min_duration_s``, as ``profile_model``'s
     rounds are (``metadata["repeats"]``: the batches timed per size).
 
@@ -118,6 +121,9 @@ def profile_batcher(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats
     output). ``calibrate`` builds on it where the two differ (see its ``profile``). No
     automatic garbage collection runs while it measures (``batchsim._gc``).
     """
+    from .batcher import served_model
+
+    model, device, input_spec = served_model(model_or_batcher, device, input_spec)
     spec, sizes, repeats, dev = _setup(model, batch_sizes, device, repeats, input_spec)
     min_duration_s = _check.non_negative("min_duration_s", min_duration_s)
     samples_ms = [[] for _ in sizes]
@@ -125,7 +131,7 @@ def profile_batcher(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats
         start_s = time.perf_counter()
         while not samples_ms[0] or time.perf_counter() - start_s < min_duration_s:
             for timed, b in zip(samples_ms, sizes, strict=True):
-                res = _saturated(model, spec, dev, b, repeats + 2)
+                res = _saturated(model_or_batcher, spec, dev, b, repeats + 2)
                 timed.extend(1000.0 * (res.end_s - res.start_s)[2:])
     return _profile(model, spec, dev, sizes, [np.array(t) for t in samples_ms],
                     through="batcher")
@@ -165,9 +171,10 @@ def _profile(model, spec, dev, sizes, samples_ms, **meta) -> ProfileService:
     return ProfileService(sizes, median_ms, jitter_cv=cv, metadata=metadata)
 
 
-def _saturated(model, spec: InputSpec, dev: torch.device, b: int, batches: int):
-    """The run of a one-worker ``DynamicBatcher`` of ``max_batch_size=b`` handed
-    ``batches * b`` requests at once (so nothing arrives while a batch runs).
+def _saturated(model_or_batcher, spec: InputSpec, dev: torch.device, b: int, batches: int):
+    """The run of a one-worker ``DynamicBatcher`` of ``max_batch_size=b`` (``one_worker``
+    of ``model_or_batcher``) handed ``batches * b`` requests at once (so nothing arrives
+    while a batch runs).
 
     Each output is let go as soon as its batch ends, as a server that answers its
     requests does. Kept to the end of the run (``run_saturated`` with a window of every
@@ -175,10 +182,11 @@ def _saturated(model, spec: InputSpec, dev: torch.device, b: int, batches: int):
     pin a new one: on an H100 the encoder's ``s(32)`` came out 2.92 ms against 1.35 ms
     (``bench/probe_profile_release.py``).
     """
-    from .batcher import DynamicBatcher
+    from .batcher import one_worker
     from .loadgen import _settle
 
-    batcher = DynamicBatcher(model, BatchPolicy(b, float("inf")), device=dev, input_spec=spec)
+    batcher = one_worker(model_or_batcher, BatchPolicy(b, float("inf")), device=dev,
+                         input_spec=spec)
     rows = spec.random(min(b, 64)).unbind(0)
 
     async def serve():

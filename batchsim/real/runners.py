@@ -192,7 +192,7 @@ class HostSteps:
             if slot.staging is None:
                 self.allocate(slot)
             slot.graphs = Graphs(lambda x: self.capture(slot, x), self.graph_input(slot),
-                                  graph_buckets(self.batcher.policy.max_batch_size))
+                                 graph_buckets(self.batcher.policy.max_batch_size))
             return None
         except Exception as e:
             slot.graphs = slot.pool = None
