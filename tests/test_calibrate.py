@@ -810,6 +810,8 @@ def test_validate_command_writes_the_table_and_the_plot(tmp_path, capsys):
     assert (tmp_path / "v.png").stat().st_size > 0
 
 
+# A calibration this short measures capacity roughly: its check may warn, beside the point.
+@pytest.mark.filterwarnings("ignore:the calibrated model serves:RuntimeWarning")
 @pytest.mark.parametrize("flag, pipeline", [([], False), (["--pipeline"], True),
                                             (["--no-pipeline"], False)])
 def test_validate_serves_the_calibration_and_every_run_with_the_runner_asked(
