@@ -97,7 +97,8 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     (validate on other seeds). ``metadata`` keeps what was measured, and
     ``cpus``, the CPUs this process may run on: on one CPU the event loop and the worker
     thread hand batches over faster than across two (``bench/bench_thread_placement.py``),
-    so a calibration holds for runs placed as it was (``batchsim validate --cpu``).
+    so a calibration holds for runs placed as it was (``batchsim validate --cpu``); and
+    ``pipeline``, whether its batchers ran the pipeline of threads.
     ``runs``: a list that gets the ten runs the costs were fitted on (``RunResult``s),
     to refit them or take them apart later.
     """
@@ -147,6 +148,7 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
         "date": datetime.now(UTC).isoformat(timespec="seconds"), "n_requests": n,
         "seed": seed, "calibration_policies": [str(r.meta["policy"]) for r in measured],
         "saturated_rps": measured[0].meta["saturated_rps"], "timer_fit": timer_fit,
+        "pipeline": measured[0].meta["pipeline"],
     }
     timer = BatcherCosts(timer_resolution_ms=resolution_ms, timer_latency_ms=latency_ms)
     service = _fitted(s_b, measured, timer, metadata)

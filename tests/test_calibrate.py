@@ -755,6 +755,7 @@ def test_calibrate_takes_a_batcher_and_refuses_bad_arguments():
     # past the 3 repeats asked unless each sleep overshoots by 14 ms.
     assert svc.model.metadata["repeats"] > 3
     assert svc.metadata["profile"] == "model"   # "auto" off CUDA: the batcher runs the model
+    assert svc.metadata["pipeline"] is False     # and a thread per worker, the CPU's default
     if hasattr(os, "sched_getaffinity"):     # where it ran: one CPU or more changes its costs
         assert svc.metadata["cpus"] == sorted(os.sched_getaffinity(0))
 
@@ -772,6 +773,7 @@ def test_calibrate_serves_a_given_batcher_as_it_serves_its_model():
     svc = bs.calibrate(batcher, n_requests=200, duration_s=0.0, batch_sizes=(1, 2), repeats=3,
                        profile_s=0.0, timer_probes=20, profile="batcher", runs=runs)
     assert svc.model.metadata["through"] == "batcher" and len(runs) == 10
+    assert svc.metadata["pipeline"] is True
     for run in runs:
         staged_s = run.meta["batch_phases_s"][:, 1]
         assert run.workers == 1 and np.isfinite(staged_s).all()   # a stager staged each

@@ -513,6 +513,7 @@ def test_thread_cpus_pin_each_of_the_batchers_threads_in_turn(pipeline):
     names = (["stage-0", "stage-1", "launch", "complete"] if pipeline
              else ["worker-0", "worker-1"])
     assert res.meta["thread_cpus"] == {n: cpus[k % 2] for k, n in enumerate(names)}
+    assert res.meta["pipeline"] is pipeline
     callers = ["batchsim-launch"] if pipeline else ["batchsim-worker-0", "batchsim-worker-1"]
     assert seen == {n: {res.meta["thread_cpus"][n.removeprefix("batchsim-")]}
                     for n in callers}

@@ -275,8 +275,9 @@ class DynamicBatcher:
 
         ``meta["started_unix_s"]`` is that start on the wall clock (``time.time()``), to
         line the run up with what other tools log by the wall clock, such as a GPU's
-        clocks sampled by ``nvidia-smi`` (``bench/bench_gpu_clocks.py``). Only once
-        ``close()`` has returned, so that every request has ended.
+        clocks sampled by ``nvidia-smi`` (``bench/bench_gpu_clocks.py``);
+        ``meta["pipeline"]`` says which runner served it. Only once ``close()`` has
+        returned, so that every request has ended.
         """
         if self._idle is None or not self._idle.done():
             raise RuntimeError("result() needs a closed batcher: await batcher.close() first")
@@ -285,7 +286,8 @@ class DynamicBatcher:
             extra["thread_cpus"] = {t.name.removeprefix("batchsim-"): cpu for t, cpu
                                     in zip(self._runner.threads, self._runner.cpus, strict=True)}
         return self._log.result(self.workers, engine="real", policy=self.policy,
-                                device=str(self.device), close_s=self._close_s,
+                                device=str(self.device), pipeline=self.pipeline,
+                                close_s=self._close_s,
                                 started_unix_s=self._started_unix_s,
                                 model=_name(self.model_fn), **extra)
 
