@@ -273,6 +273,10 @@ def _args_validate(p):
                    "the batcher's worker share it in the calibration and in every run; a "
                    "GPU batcher's pipeline wants one for each of its four threads (default: "
                    "wherever the OS puts them, which can differ from run to run)")
+    p.add_argument("--pin-threads", action="store_true",
+                   help="with two or more CPUs in --cpu: the event loop on the first, and "
+                   "each of the batcher's threads on one of the others, in turn (default: "
+                   "the OS places them among --cpu, and may place each batcher anew)")
     p.add_argument("--keep-awake", action=argparse.BooleanOptionalAction, default=None,
                    help="keep --cpu out of their idle state while it all runs: a "
                    "process spins on each at the lowest priority, so that a batch after a "
@@ -319,17 +323,23 @@ def _grid(entries) -> dict:
 
 
 def _run_validate(args) -> int:
-    from .cpus import settle_on_cpus
+    import os
+
+    from .cpus import settle_on_cpus, split_for_threads
 
     # Before any thread starts: the batcher's threads inherit the CPUs.
-    _, awake = settle_on_cpus(args.cpu, args.keep_awake, args.device, "--cpu",
-                              "--keep-awake")
+    cpus, awake = settle_on_cpus(args.cpu, args.keep_awake, args.device, "--cpu",
+                                 "--keep-awake")
+    loop_cpu, thread_cpus = split_for_threads(cpus) if args.pin_threads else (None, None)
     with awake:
-        return _validate(args)
+        if loop_cpu is not None:  # after the spinners start: they check the CPUs against ours
+            os.sched_setaffinity(0, {loop_cpu})
+        return _validate(args, thread_cpus)
 
 
-def _validate(args) -> int:
-    """Calibrate (or load a calibration), run the grid, print and write its errors."""
+def _validate(args, thread_cpus=None) -> int:
+    """Calibrate (or load a calibration), run the grid, print and write its errors, with
+    the batcher's threads on ``thread_cpus`` (None: where the OS puts them)."""
     import os
 
     # Before torch loads, so that the batcher's worker threads get it too (set_num_threads
@@ -353,9 +363,9 @@ def _validate(args) -> int:
     torch.set_num_threads(args.threads)
     model = make_model(name, device=args.device, dtype=args.dtype, size=size or "default")
     # What the calibration and every run serve: the model, or a batcher like this one.
-    served = model if args.pipeline is None else DynamicBatcher(
+    served = model if args.pipeline is None and thread_cpus is None else DynamicBatcher(
         model, BatchPolicy(max(grid["max_batch_size"]), 0.0), device=args.device,
-        pipeline=args.pipeline)
+        pipeline=args.pipeline, thread_cpus=thread_cpus)
     if args.calibration:
         service = load_service(args.calibration)
         if not isinstance(service, CalibratedService):

@@ -174,6 +174,18 @@ def settle_on_cpus(cpus: str | None, keep_awake: bool | None = None, device=None
     return chosen, awake
 
 
+def split_for_threads(cpus, name: str = "--cpu",
+                      flag: str = "--pin-threads") -> tuple[int, tuple[int, ...]]:
+    """``cpus`` (as ``settle_on_cpus`` returns them) split for pinned threads: the event
+    loop's CPU, the first, and the CPUs of a batcher's threads, the others. Fewer than
+    two are refused with a ``ValueError`` naming ``flag`` and ``name``."""
+    if cpus is None or len(cpus) < 2:
+        raise ValueError(f"{flag} needs two or more CPUs in {name} (the event loop on the "
+                         f"first, a batcher's threads on the others), got "
+                         f"{None if cpus is None else list(cpus)}")
+    return cpus[0], tuple(cpus[1:])
+
+
 #: The environment variable ``DynamicBatcher`` takes ``thread_cpus`` from when it is not
 #: given: CPU numbers separated by commas.
 THREAD_CPUS_ENV = "BATCHSIM_THREAD_CPUS"

@@ -126,30 +126,26 @@ def settle_machine(args):
     models want one thread, and the environment variable reaches the worker threads too
     (``torch.set_num_threads`` alone sets it for this thread only).
     """
-    from batchsim.cpus import settle_on_cpus
+    from batchsim.cpus import THREAD_CPUS_ENV, settle_on_cpus, split_for_threads
 
     if args.nice:
         os.nice(args.nice)
     try:
         cpus, awake = settle_on_cpus(args.cpu, args.keep_awake, getattr(args, "device", None),
                                      "--cpu", "--keep-awake")
+        loop_cpu, thread_cpus = split_for_threads(cpus) if args.pin_threads else (None, None)
     except ValueError as e:
         raise SystemExit(str(e)) from None
     args.cpu = None if cpus is None else list(cpus)  # as the results file keeps it
-    if args.pin_threads and (cpus is None or len(cpus) < 2):
-        raise SystemExit(f"--pin-threads needs two or more CPUs in --cpu (the event loop on "
-                         f"the first, a batcher's threads on the others), got {args.cpu}")
     spinners = _AWAKE.enter_context(awake)
     args.keep_awake = spinners is not None  # what was done, for the results file
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
     torch.set_num_threads(1)
-    if args.pin_threads:  # after the spinners start: they check the CPUs against ours
-        from batchsim.cpus import THREAD_CPUS_ENV
-
-        os.environ[THREAD_CPUS_ENV] = ",".join(map(str, cpus[1:]))
-        os.sched_setaffinity(0, {cpus[0]})
+    if loop_cpu is not None:  # after the spinners start: they check the CPUs against ours
+        os.environ[THREAD_CPUS_ENV] = ",".join(map(str, thread_cpus))
+        os.sched_setaffinity(0, {loop_cpu})
     return torch
 
 

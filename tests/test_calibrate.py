@@ -841,18 +841,22 @@ def test_validate_serves_the_calibration_and_every_run_with_the_runner_asked(
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="CPU affinity is Linux's")
 @pytest.mark.parametrize("awake", [[], ["--no-keep-awake"]])
-@pytest.mark.parametrize("which", ["last", "all"])
+@pytest.mark.parametrize("which", ["last", "all", "pinned"])
 def test_validate_on_given_cpus_runs_the_batcher_there(tmp_path, awake, which):
     """``--cpu``: the process is pinned before the batcher starts, so its worker runs on
     those CPUs too (by default beside one spinner per CPU that keeps it awake; with
-    ``--no-keep-awake``, alone), given as one CPU or as a list. In a subprocess: pinning
-    this one would pin the rest of the tests."""
+    ``--no-keep-awake``, alone), given as one CPU or as a list; with ``--pin-threads``,
+    the worker on the second CPU alone. In a subprocess: pinning this one would pin the
+    rest of the tests."""
     cal = CalibratedService(bs.AffineService(0.1, 0.002), 0.05, 0.002, (0.9, 1.0, 1.3),
                             BatcherCosts(0.02, 0.02, 0.0, 1.0, 0.1))
     cal.save(tmp_path / "cal.json")
     cpus = sorted(os.sched_getaffinity(0))
     if which == "last":
         cpus = cpus[-1:]
+    if which == "pinned" and len(cpus) < 2:
+        pytest.skip("--pin-threads needs two CPUs")
+    pinned = ["--pin-threads"] if which == "pinned" else []
     script = textwrap.dedent("""
         import os, sys
         import batchsim.cli
@@ -884,16 +888,19 @@ def test_validate_on_given_cpus_runs_the_batcher_there(tmp_path, awake, which):
     run = subprocess.run([sys.executable, "-c", script, "validate", "--model", "tiny-mlp",
                           "--calibration", str(tmp_path / "cal.json"), "--grid",
                           "max_batch_size=4", "max_wait_ms=0", "load=0.2", "--duration-s",
-                          "0.05", "-n", "200", "--cpu", ",".join(map(str, cpus)), *awake],
-                         capture_output=True, text=True, timeout=120)
+                          "0.05", "-n", "200", "--cpu", ",".join(map(str, cpus)), *awake,
+                          *pinned], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert f"worker CPUs {cpus} spinner [{0 if awake else len(cpus)}]" in run.stdout
+    worker_cpus = cpus[1:2] if pinned else cpus
+    assert f"worker CPUs {worker_cpus} spinner [{0 if awake else len(cpus)}]" in run.stdout
 
 
 @pytest.mark.parametrize("argv, match", [
     (["--cpu", "4096"], "--cpu must be one of this process's CPUs"),
     (["--cpu", "0-"], "--cpu must be CPU numbers like 0, 2-5 or 2,3,8-9, got '0-'"),
     (["--keep-awake"], "--keep-awake needs --cpu, the CPU to keep awake, got none"),
+    (["--pin-threads"], "--pin-threads needs two or more CPUs in --cpu (the event loop on "
+                        "the first, a batcher's threads on the others), got None"),
     (["--grid", "max_batch=4"], "--grid entries must look like NAME=V1,V2"),
     (["--grid", "load=a,b"], "--grid load must be floats"),
     (["--model", "tiny-gpt"], "--model must be one of"),

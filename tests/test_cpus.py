@@ -137,3 +137,15 @@ def test_a_pinned_check_keeps_its_cpu_awake_unless_told_not_to():
             assert spinners is None
     with pytest.raises(ValueError, match="--keep-awake needs --cpu, the CPU to keep awake"):
         awake_when_pinned(None, True, "--cpu", "--keep-awake")
+
+
+def test_pinned_threads_split_the_cpus_the_loop_first_and_need_two():
+    from batchsim.cpus import split_for_threads
+
+    assert split_for_threads((2, 3, 4, 5)) == (2, (3, 4, 5))
+    assert split_for_threads((0, 1)) == (0, (1,))
+    for cpus, shown in (((3,), r"\[3\]"), (None, "None")):
+        with pytest.raises(ValueError, match=rf"--pin-threads needs two or more CPUs in --cpu "
+                                             rf"\(the event loop on the first.* got {shown}$"):
+            split_for_threads(cpus)
+
