@@ -362,10 +362,10 @@ def _validate(args, thread_cpus=None) -> int:
                          f"got {args.model!r}")
     torch.set_num_threads(args.threads)
     model = make_model(name, device=args.device, dtype=args.dtype, size=size or "default")
-    # What the calibration and every run serve: the model, or a batcher like this one.
-    served = model if args.pipeline is None and thread_cpus is None else DynamicBatcher(
-        model, BatchPolicy(max(grid["max_batch_size"]), 0.0), device=args.device,
-        pipeline=args.pipeline, thread_cpus=thread_cpus)
+    # The calibration and every run serve the model as this batcher would (its ``like``).
+    served = DynamicBatcher(model, BatchPolicy(max(grid["max_batch_size"]), 0.0),
+                            device=args.device, pipeline=args.pipeline,
+                            thread_cpus=thread_cpus)
     if args.calibration:
         service = load_service(args.calibration)
         if not isinstance(service, CalibratedService):

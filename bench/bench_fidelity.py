@@ -223,10 +223,9 @@ def main() -> None:
 
     model = make_model(args.model, device=args.device, dtype=args.dtype, size=args.size)
     grid = QUICK_GRID if args.quick else FULL_GRID
-    # What the calibration and every row serve: the model, or a batcher like this one.
-    served = model if args.pipeline is None else DynamicBatcher(
-        model, bs.BatchPolicy(max(grid["max_batch_size"]), 0.0), device=args.device,
-        pipeline=args.pipeline)
+    # The calibration and every row serve the model as this batcher would (its ``like``).
+    served = DynamicBatcher(model, bs.BatchPolicy(max(grid["max_batch_size"]), 0.0),
+                            device=args.device, pipeline=args.pipeline)
     chosen = {name: workloads()[name] for name in args.workloads.split(",")}
     duration_s = args.duration_s or (0.5 if args.quick else 1.5)
     t0 = time.perf_counter()
