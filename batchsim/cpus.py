@@ -10,8 +10,10 @@ machine state and predicting runs in another is the largest error left on a CPU,
   afterwards on them;
 * ``kept_awake`` keeps them out of their idle states while a block runs;
 * ``settle_on_cpus`` does both for ``--cpu`` and ``--keep-awake``;
+* ``split_for_threads`` keeps the first of them for the event loop and the others for a
+  batcher's threads (``--pin-threads``);
 * ``checked_thread_cpus`` and ``on_cpu`` pin a ``DynamicBatcher``'s own threads one per
-  CPU (``thread_cpus=``, or the CPUs ``THREAD_CPUS_ENV`` lists).
+  CPU (its ``thread_cpus=``).
 
 Two checks of "a CPU this process may run on": ``run_on_cpus`` and ``kept_awake`` take
 the calling thread's CPUs, because they set the process's; ``checked_thread_cpus`` tries
@@ -186,25 +188,12 @@ def split_for_threads(cpus, name: str = "--cpu",
     return cpus[0], tuple(cpus[1:])
 
 
-#: The environment variable ``DynamicBatcher`` takes ``thread_cpus`` from when it is not
-#: given: CPU numbers separated by commas.
-THREAD_CPUS_ENV = "BATCHSIM_THREAD_CPUS"
-
-
 def checked_thread_cpus(cpus) -> tuple[int, ...] | None:
-    """``DynamicBatcher``'s ``thread_cpus`` checked: None (then the CPUs
-    ``THREAD_CPUS_ENV`` lists, if any), or CPUs this process may run on (a non-empty
-    sequence, repeats allowed: one per thread, in turn); else a ``ValueError`` naming the
-    parameter, or the variable, and the value."""
+    """``DynamicBatcher``'s ``thread_cpus`` checked: None (the OS places the threads), or
+    CPUs this process may run on (a non-empty sequence, repeats allowed: one per thread,
+    in turn); else a ``ValueError`` naming the parameter and the value."""
     if cpus is None:
-        value = os.environ.get(THREAD_CPUS_ENV, "").strip()
-        if not value:
-            return None
-        try:
-            cpus = [int(c) for c in value.split(",")]
-        except ValueError:
-            raise ValueError(f"{THREAD_CPUS_ENV} must be CPU numbers separated by commas, "
-                             f"got {value!r}") from None
+        return None
     if not hasattr(os, "sched_setaffinity"):
         raise ValueError(f"thread_cpus needs Linux (sched_setaffinity), got {cpus!r}")
     chosen = () if isinstance(cpus, str) or not isinstance(cpus, Iterable) else tuple(cpus)

@@ -96,21 +96,23 @@ def workloads() -> dict:
             "bursty": (bs.Bursty(4.0, 0.25, 0.02, 0.06), 3)}
 
 
-def add_machine_args(p: argparse.ArgumentParser, awake_by_default: bool = False) -> None:
-    """``--nice``, ``--cpu``, ``--pin-threads`` and ``--keep-awake``: how the bench keeps
-    the machine's noise out. ``awake_by_default``: ``--cpu`` is kept awake unless
-    ``--no-keep-awake`` (the fidelity bench's default,
+def add_machine_args(p: argparse.ArgumentParser, awake_by_default: bool = False,
+                     pin_threads: bool = False) -> None:
+    """``--nice``, ``--cpu``, ``--keep-awake`` and, for a bench that passes
+    ``settle_machine``'s ``args.thread_cpus`` to its batchers (``pin_threads``),
+    ``--pin-threads``: how the bench keeps the machine's noise out. ``awake_by_default``:
+    ``--cpu`` is kept awake unless ``--no-keep-awake`` (the fidelity bench's default,
     ``batchsim.cpus.awake_when_pinned``); else only with ``--keep-awake``."""
     p.add_argument("--nice", type=int, default=0, help="os.nice increment (negative: root)")
     p.add_argument("--cpu", default=None,
                    help="run on these CPUs, as 0, 2-7 or 2,3 (on one CPU the event loop and "
                         "the batcher's worker share it; a GPU batcher's pipeline wants a CPU "
                         "for each of its four threads; default: wherever the OS puts them)")
-    p.add_argument("--pin-threads", action="store_true",
-                   help="the event loop on the first of --cpu and each of a batcher's "
-                        "threads on one of the others, in every batcher the bench makes "
-                        "(DynamicBatcher(thread_cpus=...), through BATCHSIM_THREAD_CPUS); "
-                        "needs two or more CPUs")
+    if pin_threads:
+        p.add_argument("--pin-threads", action="store_true",
+                       help="the event loop on the first of --cpu and each of a batcher's "
+                            "threads on one of the others, in every batcher the bench makes "
+                            "(DynamicBatcher(thread_cpus=...)); needs two or more CPUs")
     p.add_argument("--keep-awake", action=argparse.BooleanOptionalAction,
                    default=None if awake_by_default else False,
                    help="keep --cpu out of their idle state: a process spins on each at "
@@ -120,20 +122,22 @@ def add_machine_args(p: argparse.ArgumentParser, awake_by_default: bool = False)
 
 def settle_machine(args):
     """Apply ``--nice``, ``--cpu`` and ``--keep-awake``, then load torch with one thread,
-    then ``--pin-threads``; returns torch.
+    then ``--pin-threads`` (the event loop's CPU now; the CPUs for the batchers' threads
+    in ``args.thread_cpus``, None without it); returns torch.
 
     Before any thread starts (threads inherit the CPU) and before torch loads: tiny
     models want one thread, and the environment variable reaches the worker threads too
     (``torch.set_num_threads`` alone sets it for this thread only).
     """
-    from batchsim.cpus import THREAD_CPUS_ENV, settle_on_cpus, split_for_threads
+    from batchsim.cpus import settle_on_cpus, split_for_threads
 
     if args.nice:
         os.nice(args.nice)
+    pin = getattr(args, "pin_threads", False)
     try:
         cpus, awake = settle_on_cpus(args.cpu, args.keep_awake, getattr(args, "device", None),
                                      "--cpu", "--keep-awake")
-        loop_cpu, thread_cpus = split_for_threads(cpus) if args.pin_threads else (None, None)
+        loop_cpu, args.thread_cpus = split_for_threads(cpus) if pin else (None, None)
     except ValueError as e:
         raise SystemExit(str(e)) from None
     args.cpu = None if cpus is None else list(cpus)  # as the results file keeps it
@@ -144,7 +148,6 @@ def settle_machine(args):
 
     torch.set_num_threads(1)
     if loop_cpu is not None:  # after the spinners start: they check the CPUs against ours
-        os.environ[THREAD_CPUS_ENV] = ",".join(map(str, thread_cpus))
         os.sched_setaffinity(0, {loop_cpu})
     return torch
 
@@ -201,7 +204,7 @@ def main() -> None:
                    help="serve every batch through the stage/launch/complete pipeline of "
                         "threads, or not (a thread per worker); default: the device's "
                         "default (the pipeline on CUDA)")
-    add_machine_args(p, awake_by_default=True)
+    add_machine_args(p, awake_by_default=True, pin_threads=True)
     p.add_argument("--out", default=str(RESULTS), help="results JSON (default %(default)s)")
     p.add_argument("--recalibrate", action="store_true",
                    help="calibrate again after the grid and simulate every row with that "
@@ -225,7 +228,8 @@ def main() -> None:
     grid = QUICK_GRID if args.quick else FULL_GRID
     # The calibration and every row serve the model as this batcher would (its ``like``).
     served = DynamicBatcher(model, bs.BatchPolicy(max(grid["max_batch_size"]), 0.0),
-                            device=args.device, pipeline=args.pipeline)
+                            device=args.device, pipeline=args.pipeline,
+                            thread_cpus=args.thread_cpus)
     chosen = {name: workloads()[name] for name in args.workloads.split(",")}
     duration_s = args.duration_s or (0.5 if args.quick else 1.5)
     t0 = time.perf_counter()

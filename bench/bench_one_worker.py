@@ -49,7 +49,7 @@ def main() -> None:
     p.add_argument("--device", default=None,
                    help="cuda: the zoo model at --dtype (default: the H200 stand-in on CPU)")
     p.add_argument("--dtype", default="bfloat16")
-    add_alternate_args(p)
+    add_alternate_args(p, pin_threads=True)
     args = p.parse_args()
     torch = settle_machine(args)
 
@@ -72,7 +72,8 @@ def main() -> None:
     out = Path(args.out or RESULTS / f"one_worker_{report['device']}_{args.model}.json")
 
     def make_batcher(arm: str, policy):
-        return batcher_type(model, policy, device=args.device, pipeline=arm == "pipeline")
+        return batcher_type(model, policy, device=args.device, pipeline=arm == "pipeline",
+                            thread_cpus=args.thread_cpus)
 
     def saturated_rps(max_b: int) -> float:
         """The model's capacity with one worker, through the pipeline."""

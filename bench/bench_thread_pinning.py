@@ -89,13 +89,14 @@ def arm_summary(per_instance) -> dict:
     return out
 
 
-def add_alternate_args(p) -> None:
+def add_alternate_args(p, pin_threads: bool) -> None:
     """The options of a bench built on ``alternate``: how many batchers, how long each
-    runs, ``--quick``, the machine (``bench_fidelity.add_machine_args``) and ``--out``."""
+    runs, ``--quick``, the machine (``bench_fidelity.add_machine_args``, with
+    ``--pin-threads`` if ``pin_threads``) and ``--out``."""
     p.add_argument("--instances", type=int, default=8, help="batchers per arm and configuration")
     p.add_argument("--duration-s", type=float, default=0.5, help="seconds of traffic a run")
     p.add_argument("--quick", action="store_true", help="2 batchers per arm, 0.05 s runs")
-    add_machine_args(p, awake_by_default=True)
+    add_machine_args(p, awake_by_default=True, pin_threads=pin_threads)
     p.add_argument("--out", default=None, help="results JSON (default bench/results/...)")
 
 
@@ -146,14 +147,9 @@ def main() -> None:
     p.add_argument("--size", default="tiny", choices=["tiny", "default"])
     p.add_argument("--device", default=None, help="cpu or cuda (default: cpu)")
     p.add_argument("--dtype", default=None)
-    add_alternate_args(p)
+    add_alternate_args(p, pin_threads=False)  # it pins every other batcher itself
     args = p.parse_args()
-    if args.pin_threads:
-        p.error("--pin-threads: this bench pins the threads of every other batcher itself")
     torch = settle_machine(args)
-    from batchsim.cpus import THREAD_CPUS_ENV
-
-    os.environ.pop(THREAD_CPUS_ENV, None)  # the "os" arm's batchers: where the OS puts them
 
     from batchsim.real import DynamicBatcher, make_model, run_saturated
 

@@ -1,7 +1,9 @@
 """``bench/bench_thread_pinning.py``: batcher after batcher, threads placed by the OS or pinned."""
 
+import gzip
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -57,30 +59,47 @@ def test_quick_run_starts_batchers_of_both_arms_at_every_configuration(tmp_path)
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs two CPUs to pin to, and Linux")
-def test_the_benches_pin_threads_puts_the_loop_first_and_every_batcher_on_the_rest():
-    """``--pin-threads`` (every bench built on ``settle_machine``): the caller's thread on
-    the first CPU of ``--cpu``, and the threads of each batcher made afterwards, even one
-    a library function makes, on the others."""
+def test_settle_machine_pin_threads_puts_the_loop_first_and_keeps_the_rest_for_threads():
+    """``--pin-threads`` (a bench that offers it): the caller's thread on the first CPU
+    of ``--cpu``, the others in ``args.thread_cpus`` for its batchers; one CPU is
+    refused, naming the flag."""
     cpus = sorted(os.sched_getaffinity(0))
     script = (
         "import argparse, os, sys\n"
         "sys.path.insert(0, 'bench')\n"
         "from bench_fidelity import add_machine_args, settle_machine\n"
-        "p = argparse.ArgumentParser(); add_machine_args(p)\n"
-        "settle_machine(p.parse_args(sys.argv[1:]))\n"
-        "import batchsim as bs\n"
-        "from batchsim.real import make_model, run_load\n"
-        "run = run_load(make_model('mlp', size='tiny'), bs.Poisson(2000.0), "
-        "bs.BatchPolicy(4, 1.0), n_requests=50)\n"
-        "print('loop', sorted(os.sched_getaffinity(0)), 'threads', run.meta['thread_cpus'])\n")
+        "p = argparse.ArgumentParser(); add_machine_args(p, pin_threads=True)\n"
+        "args = p.parse_args(sys.argv[1:]); settle_machine(args)\n"
+        "print('loop', sorted(os.sched_getaffinity(0)), 'threads', args.thread_cpus)\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cpu_list = ",".join(map(str, cpus))
     done = subprocess.run([sys.executable, "-c", script, "--cpu", cpu_list, "--pin-threads"],
                           cwd=ROOT, check=True, capture_output=True, text=True, timeout=120,
                           env=env)
-    assert f"loop [{cpus[0]}] threads {{'worker-0': {cpus[1]}}}" in done.stdout
+    assert f"loop [{cpus[0]}] threads {tuple(cpus[1:])}" in done.stdout
+    unpinned = subprocess.run([sys.executable, "-c", script, "--cpu", cpu_list], cwd=ROOT,
+                              check=True, capture_output=True, text=True, timeout=120, env=env)
+    assert f"loop {cpus} threads None" in unpinned.stdout
     refused = subprocess.run([sys.executable, "-c", script, "--cpu", str(cpus[0]),
                               "--pin-threads"], cwd=ROOT, capture_output=True, text=True,
                              timeout=120, env=env)
     assert refused.returncode != 0
     assert "--pin-threads needs two or more CPUs in --cpu" in refused.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two CPUs to pin to, and Linux")
+def test_bench_fidelity_pin_threads_pins_every_batcher_it_serves(tmp_path):
+    """``bench_fidelity.py --cpu A,B --pin-threads``: the calibration's batchers and every
+    row's have their worker on B (through the template batcher's ``thread_cpus``)."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    subprocess.run([sys.executable, "bench/bench_fidelity.py", "--quick", "--duration-s",
+                    "0.02", "--workloads", "poisson", "--out", str(tmp_path / "f.json"),
+                    "--save-runs", str(tmp_path / "runs.pkl.gz"), "--cpu",
+                    ",".join(map(str, cpus)), "--pin-threads", "--no-keep-awake"],
+                   cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                   capture_output=True, timeout=300)
+    saved = pickle.loads(gzip.decompress((tmp_path / "runs.pkl.gz").read_bytes()))
+    served = [*saved["calibration_runs"], *(run["real"] for run in saved["runs"]["poisson"])]
+    assert len(served) > 12
+    assert all(res.meta["thread_cpus"] == {"worker-0": cpus[1]} for res in served)

@@ -541,24 +541,6 @@ def test_a_batcher_like_another_serves_its_model_with_its_settings():
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="thread affinity is Linux's")
-def test_thread_cpus_left_out_come_from_the_environment(monkeypatch):
-    from batchsim.cpus import THREAD_CPUS_ENV
-
-    cpu = max(os.sched_getaffinity(0))
-    monkeypatch.setenv(THREAD_CPUS_ENV, f" {cpu},{cpu} ")
-    assert DynamicBatcher(Affine(), bs.BatchPolicy(4, 1.0)).thread_cpus == (cpu, cpu)
-    given = min(os.sched_getaffinity(0))
-    assert DynamicBatcher(Affine(), bs.BatchPolicy(4, 1.0),
-                          thread_cpus=[given]).thread_cpus == (given,)
-    monkeypatch.setenv(THREAD_CPUS_ENV, "")
-    assert DynamicBatcher(Affine(), bs.BatchPolicy(4, 1.0)).thread_cpus is None
-    monkeypatch.setenv(THREAD_CPUS_ENV, "2-5")
-    with pytest.raises(ValueError, match="BATCHSIM_THREAD_CPUS must be CPU numbers separated "
-                                         "by commas, got '2-5'"):
-        DynamicBatcher(Affine(), bs.BatchPolicy(4, 1.0))
-
-
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="thread affinity is Linux's")
 @pytest.mark.parametrize("bad", [[], "0", [4096], [True], [0.0], 3])
 def test_thread_cpus_must_be_cpus_this_process_may_run_on(bad):
     with pytest.raises(ValueError, match=r"thread_cpus must be CPUs this process may run on"):

@@ -117,15 +117,13 @@ class DynamicBatcher:
     ``thread_cpus``: CPUs to pin the batcher's own threads to, one each in their order
     (a pipeline's stagers, then its launcher and its completer; else a thread per
     worker), in turn when there are more threads than CPUs; the event loop runs on the
-    caller's thread, wherever the caller put it. Left out, it is the CPUs the
-    environment variable ``BATCHSIM_THREAD_CPUS`` lists
-    (``batchsim.cpus.THREAD_CPUS_ENV``, comma-separated; the benches' ``--pin-threads``
-    sets it, so that the batchers ``calibrate`` and ``fidelity`` make are pinned too),
-    else none: the OS places the threads, and each batcher may land differently. On an
-    H200 the encoder's batches under one batcher spent up to twice as long as under
-    another, same configuration, between dispatch and launch (the threads' part), while
-    the part from launch to the end moved little (``bench/results/README.md``). Linux
-    only. Use it inside a running event loop::
+    caller's thread, wherever the caller put it. Left out, the OS places the threads,
+    and each batcher may land differently: on an H200 the encoder's batches under one
+    batcher spent up to twice as long as under another, same configuration, between
+    dispatch and launch (the threads' part), while the part from launch to the end moved
+    little (``bench/results/README.md``). ``like`` keeps them, so ``calibrate`` and
+    ``fidelity`` given a pinned batcher serve pinned batchers. Linux only. Use it inside
+    a running event loop::
 
         async with DynamicBatcher(model, BatchPolicy(32, 5.0)) as batcher:
             y = await batcher.submit(x)
