@@ -4,6 +4,7 @@ import asyncio
 import math
 import os
 import random
+import re
 import threading
 import time
 
@@ -283,6 +284,48 @@ def test_model_exception_fails_only_the_poisoned_requests(pipeline):
     assert [len(s) for s in model.seen][:3] == [16, 8, 4]
 
 
+class Abort(BaseException):
+    """Raised by a model: not an ``Exception``, as ``KeyboardInterrupt`` is not."""
+
+
+def test_a_model_raising_a_base_exception_fails_its_request_and_the_thread_serves_on(pipeline):
+    """A ``BaseException`` that is not an ``Exception`` used to end the worker thread and
+    leave its requests, and ``close()``, waiting for ever."""
+    def model(x):
+        if (x < 0).any():
+            raise Abort("model aborted")
+        return 2 * x + 1
+
+    async def main():
+        b = await DynamicBatcher(model, bs.BatchPolicy(1, 0.0), input_spec=SPEC,
+                                 pipeline=pipeline).start()
+        futs = [b.submit_nowait(-torch.ones(4)), b.submit_nowait(torch.ones(4))]
+        _, pending = await asyncio.wait(futs, timeout=HANG_S / 2)
+        assert not pending, "a request was left waiting"  # then close() would wait too
+        await b.close()
+        return [f.exception() or f.result() for f in futs], b.result()
+
+    (bad, good), res = run(main())
+    assert isinstance(bad, RuntimeError) and isinstance(bad.__cause__, Abort)
+    assert str(bad) == "model_fn raised Abort: model aborted"
+    assert torch.equal(good, torch.full((4,), 3.0))
+    assert res.status.tolist() == [FAILED, COMPLETED]
+
+
+def test_inputs_that_require_grad_are_served_alone_and_in_batches(pipeline):
+    """The pipeline's stager stacks under ``no_grad`` as the other threads run."""
+    xs = inputs(3).requires_grad_()
+
+    async def main():
+        async with DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0), pipeline=pipeline) as b:
+            alone = await b.submit(xs[0])
+            together = await asyncio.gather(b.submit(xs[1]), b.submit(xs[2]))
+            return [alone, *together]
+
+    outs = run(main())
+    assert all(torch.equal(out, 2 * x.detach() + 1) for out, x in zip(outs, xs, strict=True))
+
+
 def test_out_of_memory_splits_the_batch_and_retries(pipeline):
     model = Affine(oom_above=3)
 
@@ -351,6 +394,21 @@ def test_requests_that_wait_past_their_timeout_fail_and_never_run(per_request, p
         assert torch.equal(outs[3], 2 * xs[3] + 1) and status == [0, EXPIRED, EXPIRED, 0]
     else:
         assert isinstance(outs[3], TimeoutError) and status == [0] + [EXPIRED] * 3
+
+
+@pytest.mark.parametrize("bad, says", [(-1.0, "a non-negative finite number, got -1.0"),
+                                       (math.inf, "a non-negative finite number, got inf"),
+                                       ([5.0], "a number, got [5.0]")])
+def test_a_bad_timeout_ms_is_refused_and_leaves_no_request_behind(bad, says):
+    async def main():
+        async with DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0)) as b:
+            with pytest.raises(ValueError, match=re.escape(f"timeout_ms must be {says}")):
+                b.submit_nowait(torch.zeros(4), timeout_ms=bad)
+            await b.submit(torch.zeros(4))
+        return b.result()
+
+    res = run(main())
+    assert res.status.tolist() == [COMPLETED] and res.batch_id.tolist() == [0]
 
 
 def test_cancelled_requests_are_skipped(pipeline):
@@ -428,6 +486,30 @@ def test_lifecycle_errors():
         DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0), workers=0)
     with pytest.raises(ValueError, match="pipeline must be True, False or None, got 'yes'"):
         DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0), pipeline="yes")
+
+
+def test_a_submit_while_start_warms_up_is_refused():
+    """Before ``start()`` returns the clock has not started: a request accepted then was
+    stamped at the seconds since boot, and its timeout trigger lay that far ahead."""
+    gate = threading.Event()
+    model = Affine(gate=gate)
+
+    async def main():
+        b = DynamicBatcher(model, bs.BatchPolicy(2, 1.0))
+        starting = asyncio.ensure_future(b.start(warmup=True))
+        while not model.seen:  # the warm-up's first batch is in the model
+            await asyncio.sleep(0.001)
+        with pytest.raises(BatcherClosedError, match=r"before start\(\) has returned"):
+            b.submit_nowait(torch.zeros(4))
+        gate.set()
+        await starting
+        out = await b.submit(torch.zeros(4))
+        await b.close()
+        return out, b.result()
+
+    out, res = run(main())
+    assert torch.equal(out, torch.ones(4))
+    assert res.n_requests == 1 and 0 <= res.arrival_s[0] < 1.0
 
 
 def test_warmup_runs_a_batch_of_zeros_of_every_size_per_worker_before_the_clock(pipeline):

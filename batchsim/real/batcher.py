@@ -155,6 +155,7 @@ class DynamicBatcher:
         self.input_spec = spec
         self._loop: asyncio.AbstractEventLoop | None = None
         self._t0 = 0.0
+        self._started = False  # True once start() has returned: the clock runs
         self._started_unix_s = math.nan
         self._closed = False
         self._close_s = math.inf
@@ -198,6 +199,7 @@ class DynamicBatcher:
                     workers_with_graphs=sum(e is None for e in errors))
         self._t0 = time.perf_counter()
         self._started_unix_s = time.time()
+        self._started = True
         return self
 
     def _graphs_wanted(self) -> bool:
@@ -305,37 +307,40 @@ class DynamicBatcher:
         formed, its future fails with ``TimeoutError`` and it never runs (by the rule,
         expiry is checked when a batch is formed, so that is when the error comes).
         """
-        if self._closed or self._loop is None:
+        if self._closed or not self._started:
             raise BatcherClosedError("submit after close(): the batcher accepts no requests"
                                      if self._closed else
-                                     "submit before start(): await batcher.start() first")
+                                     "submit before start() has returned: await "
+                                     "batcher.start() first")
         if type(x) is not torch.Tensor:
             x = self._as_tensor(x)
         spec = self.input_spec
         if spec is None or x.shape != spec.shape or x.dtype != spec.dtype:
             self._check_input(x)
+        pol = self.policy
+        expiry = (self._expiry_policy(timeout_ms)
+                  if timeout_ms is not None or pol.timeout_ms is not None else None)
         now = time.perf_counter() - self._t0
         waiting = self._waiting
         n = len(waiting)
         arrivals = self._log.arrival_s
         rid = len(arrivals)
         arrivals.append(now)
-        pol = self.policy
         if rule.rejects(pol, n):
             self._log.rejected.append(rid)
             raise QueueFullError(f"queue full: {n} requests waiting "
                                  f"(max_queue_size={pol.max_queue_size})")
         fut = self._loop.create_future()
-        waiting.append((rid, x, fut, self._expiry_policy(timeout_ms)
-                        if timeout_ms is not None or pol.timeout_ms is not None else None))
+        waiting.append((rid, x, fut, expiry))
         if (n == 0 or n + 1 >= pol.max_batch_size) and self._free:
             self._ask_for_decision()
         return fut
 
     def submit_threadsafe(self, x, timeout_ms: float | None = None):
         """From another thread: queue ``x``; returns a ``concurrent.futures.Future``."""
-        if self._loop is None:
-            raise BatcherClosedError("submit before start(): await batcher.start() first")
+        if not self._started:
+            raise BatcherClosedError("submit before start() has returned: await "
+                                     "batcher.start() first")
         return asyncio.run_coroutine_threadsafe(self.submit(x, timeout_ms), self._loop)
 
     @staticmethod
@@ -356,9 +361,11 @@ class DynamicBatcher:
                          f"{x.dtype}")
 
     def _expiry_policy(self, timeout_ms) -> BatchPolicy:
-        """The policy whose ``timeout_ms`` applies to a request that may expire."""
+        """The policy whose ``timeout_ms`` applies to a request that may expire (checked
+        before the request is logged, so that a refused one leaves no trace)."""
         if timeout_ms is None:
             return self.policy
+        timeout_ms = _check.non_negative("timeout_ms", timeout_ms)
         pol = self._timeout_policies.get(timeout_ms)
         if pol is None:
             pol = replace(self.policy, timeout_ms=timeout_ms)

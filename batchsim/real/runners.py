@@ -54,11 +54,27 @@ if TYPE_CHECKING:
 
 
 def checked_output(out, n: int) -> torch.Tensor:
+    """``out``, a model's output for a batch of ``n``, if it has one row per input; else
+    a ``TypeError`` saying what came back."""
     if not isinstance(out, torch.Tensor) or out.ndim == 0 or out.shape[0] != n:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise TypeError(f"model_fn must return a tensor with one row per input: got "
                         f"{got} for a batch of {n}")
     return out
+
+
+def as_exception(error: BaseException) -> Exception:
+    """What a request's future carries when the model raised ``error``: an
+    ``Exception`` as it is; anything else (``KeyboardInterrupt``, ``SystemExit``, a
+    custom ``BaseException``) as a ``RuntimeError`` raised from it. The batcher's threads
+    catch both, so that one model call cannot end a thread and leave its requests
+    waiting for ever, and the caller's task gets an error rather than an exception that
+    stops the event loop."""
+    if isinstance(error, Exception):
+        return error
+    wrapped = RuntimeError(f"model_fn raised {type(error).__name__}: {error}")
+    wrapped.__cause__ = error
+    return wrapped
 
 
 def graph_buckets(max_batch_size: int) -> tuple[int, ...]:
@@ -194,7 +210,7 @@ class HostSteps:
             slot.graphs = Graphs(lambda x: self.capture(slot, x), self.graph_input(slot),
                                  graph_buckets(self.batcher.policy.max_batch_size))
             return None
-        except Exception as e:
+        except BaseException as e:
             slot.graphs = slot.pool = None
             self.recover(slot, e)
             return f"capture failed, eager: {type(e).__name__}: {e}"
@@ -334,7 +350,7 @@ class Runner:
 
         On an error (``error``: one already raised by this batch) split the batch and
         retry the halves, down to single requests, so that only the inputs that cause
-        an error fail.
+        an error fail (each with it, ``as_exception``).
         """
         steps = self.steps
         if error is None:
@@ -342,8 +358,8 @@ class Runner:
                 out = steps.launch(slot, steps.stage(slot, xs))
                 steps.wait(slot)
                 return out.unbind(0), []
-            except Exception as e:
-                error = e
+            except BaseException as e:
+                error = as_exception(e)
         if len(xs) == 1:
             return [error], [0]
         steps.recover(slot, error)
@@ -434,15 +450,16 @@ class PipelineRunner(Runner):
         slot, inbox, now, stage = (self.slots[worker], self.inboxes[worker],
                                    self.batcher.now_s, self.steps.stage)
         self.steps.thread_started()
-        while (job := inbox.get()) is not None:
-            k, xs, futs = job
-            picked, host_in, error = now(), None, None
-            if k is not None:  # a warm-up batch is staged by the launcher
-                try:
-                    host_in = stage(slot, xs)
-                except Exception as e:
-                    error = e
-            self.to_launch.put((worker, k, xs, futs, host_in, error, picked, now()))
+        with torch.no_grad():  # an input that requires grad cannot be stacked into a buffer
+            while (job := inbox.get()) is not None:
+                k, xs, futs = job
+                picked, host_in, error = now(), None, None
+                if k is not None:  # a warm-up batch is staged by the launcher
+                    try:
+                        host_in = stage(slot, xs)
+                    except BaseException as e:
+                        error = as_exception(e)
+                self.to_launch.put((worker, k, xs, futs, host_in, error, picked, now()))
 
     def _launcher(self) -> None:
         now, launch = self.batcher.now_s, self.steps.launch
@@ -458,8 +475,8 @@ class PipelineRunner(Runner):
                 if error is None:
                     try:
                         out = launch(slot, host_in)
-                    except Exception as e:
-                        error = e
+                    except BaseException as e:
+                        error = as_exception(e)
                 if error is not None:
                     out, failed = self._serve(slot, xs, error)
                 self.to_complete.put((worker, k, futs, out, failed, (picked, staged, now())))
@@ -473,7 +490,7 @@ class PipelineRunner(Runner):
                 try:
                     wait(self.slots[worker])
                     out, failed = out.unbind(0), []
-                except Exception as e:  # an asynchronous device error fails the batch
-                    out, failed = [e] * len(futs), list(range(len(futs)))
+                except BaseException as e:  # an asynchronous device error fails the batch
+                    out, failed = [as_exception(e)] * len(futs), list(range(len(futs)))
             if not self._report(worker, k, futs, out, failed, phases):
                 return
