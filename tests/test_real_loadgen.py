@@ -157,6 +157,14 @@ def test_a_collector_turned_off_by_the_caller_stays_off():
      "policy must be None for an InferenceBatcher"),
     ({"target": DynamicBatcher(sleepy, bs.BatchPolicy(2, 1.0)), "policy": bs.BatchPolicy(3, 1.0)},
      "policy must be None or the batcher's own"),
+    ({"target": DynamicBatcher(sleepy, bs.BatchPolicy(2, 1.0)), "workers": 4},
+     "workers must be None or the batcher's own 1, got 4"),
+    ({"target": DynamicBatcher(sleepy, bs.BatchPolicy(2, 1.0)), "device": "meta"},
+     "device must be None or the batcher's own cpu, got device"),
+    ({"target": InferenceBatcher(sleepy), "policy": None, "workers": 2},
+     "workers must be None for an InferenceBatcher"),
+    ({"target": InferenceBatcher(sleepy), "policy": None, "device": "cpu"},
+     "device must be None for an InferenceBatcher"),
     ({"target": sleepy, "seed": -1}, "seed must be"),
     ({"target": sleepy, "n_requests": 0}, "n_requests"),
     ({"target": sleepy, "workload": "poisson"}, "workload must be"),
@@ -167,3 +175,24 @@ def test_bad_arguments_name_the_parameter(kwargs, match):
             "n_requests": 5, **kwargs}
     with pytest.raises(ValueError, match=match):
         run_load(**args)
+
+
+def test_a_batcher_given_again_its_own_settings_serves():
+    batcher = DynamicBatcher(sleepy, bs.BatchPolicy(2, 1.0), workers=2)
+    res = run_saturated(batcher, 20, bs.BatchPolicy(2, 1.0), workers=2, device="cpu")
+    assert res.workers == 2 and res.summary()["n_completed"] == 20
+
+
+@pytest.mark.parametrize("harness", ["open loop", "saturated"])
+def test_an_error_mid_run_closes_the_batcher_before_it_propagates(harness):
+    """Inputs that do not fit the model fail at the first submit, after the batcher
+    started: it is closed, and none of its threads outlives the call."""
+    batcher = DynamicBatcher(sleepy, bs.BatchPolicy(2, 1.0))
+    wrong = torch.zeros(4, 5)
+    with pytest.raises(ValueError, match="x must have shape"):
+        if harness == "open loop":
+            run_load(batcher, bs.Poisson(1000.0), n_requests=10, inputs=wrong, warmup=False)
+        else:
+            run_saturated(batcher, 10, inputs=wrong, warmup=False)
+    assert not [t for t in threading.enumerate() if t.name.startswith("batchsim")]
+    assert batcher.result().n_requests == 0  # closed (else result() raises); none lost

@@ -44,6 +44,18 @@ def test_batch_inference_matches_one_at_a_time():
     assert all(torch.equal(o, 2 * x) for o, x in zip(outs, xs, strict=True))
 
 
+@pytest.mark.parametrize("model", [lambda x: torch.cat([x, x]), lambda x: x[:1]],
+                         ids=["too many rows", "too few"])
+def test_a_model_without_one_row_per_input_is_an_error_not_a_wrong_answer(model):
+    b = InferenceBatcher(model, max_batch_size=3)
+    for i in range(3):
+        b.add_request(torch.zeros(2), i)
+    with pytest.raises(TypeError, match=r"one row per input: got \(\d, 2\) for a batch of 3"):
+        b.process_batch()
+    with pytest.raises(TypeError, match="one row per input"):
+        batch_inference(model, [torch.zeros(2)] * 3, batch_size=3)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="max_batch_size"):
         InferenceBatcher(double, max_batch_size=0)

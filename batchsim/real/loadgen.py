@@ -24,8 +24,11 @@ to walk everything the harness's process holds, tens to a hundred milliseconds.
 The target is a ``DynamicBatcher`` (not yet started), a naive ``InferenceBatcher``
 (driven the way tutorials drive it: a task on the event loop polls it every
 ``poll_ms``), or a model, served by a new ``DynamicBatcher(model, policy, workers,
-device)``. Both functions are synchronous; inside a running event loop (Jupyter) they
-run their own loop on a helper thread.
+device)`` (``workers`` 1 unless given). A batcher brings its own policy, workers and
+device: given ones must match. Both functions are synchronous; inside a running event
+loop (Jupyter) they run their own loop on a helper thread. Whatever goes wrong while
+they run, the server is closed before the error propagates, so no thread of it
+outlives the call.
 """
 
 from __future__ import annotations
@@ -46,12 +49,14 @@ from ..result import RunResult
 from ..seeding import streams
 from ..workload import Workload
 from .batcher import DynamicBatcher, QueueFullError, RunLog
+from .models import resolve_device
 from .naive import InferenceBatcher
 from .runners import warmup_sizes
 
 
 def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
-             n_requests: int = 1000, seed=0, *, inputs=None, workers: int = 1, device=None,
+             n_requests: int = 1000, seed=0, *, inputs=None, workers: int | None = None,
+             device=None,
              poll_ms: float = 1.0, max_burst: int = 64, warmup: bool = True,
              pause_gc: bool = True) -> RunResult:
     """Replay ``n_requests`` arrivals of ``workload`` (seeded) open loop against ``target``.
@@ -80,7 +85,6 @@ def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
     turn_sizes = []     # requests sent in each of the generator's turns on the loop
 
     async def replay():
-        await server.start(warmup=warmup)
         pending: deque = deque()
         submit, now_s, m = server.submit_nowait, server.now_s, len(rows)
         due_s = scheduled_s.tolist()
@@ -103,7 +107,7 @@ def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
         return server.result()
 
     with collector_paused(pause_gc):
-        res = run_to_completion(replay)
+        res = run_to_completion(_serving(server, warmup, replay))
     late_ms = 1000.0 * (res.arrival_s - scheduled_s)
     res.meta.update(harness="open loop", workload=repr(workload), seed=seed,
                     scheduled_s=scheduled_s, turn_sizes=np.array(turn_sizes, int),
@@ -114,7 +118,8 @@ def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
 
 
 def run_saturated(target, n_requests: int, policy: BatchPolicy | None = None, *,
-                  inputs=None, window: int | None = None, workers: int = 1, device=None,
+                  inputs=None, window: int | None = None, workers: int | None = None,
+                  device=None,
                   poll_ms: float = 1.0, warmup: bool = True, pause_gc: bool = True) -> RunResult:
     """Serve ``n_requests`` keeping ``window`` of them outstanding (closed loop).
 
@@ -130,7 +135,6 @@ def run_saturated(target, n_requests: int, policy: BatchPolicy | None = None, *,
     window = _check.positive_int("window", window)
 
     async def saturate():
-        await server.start(warmup=warmup)
         pending: deque = deque()
         submit, m = server.submit_nowait, len(rows)
         for i in range(n):
@@ -148,9 +152,22 @@ def run_saturated(target, n_requests: int, policy: BatchPolicy | None = None, *,
         return server.result()
 
     with collector_paused(pause_gc):
-        res = run_to_completion(saturate)
+        res = run_to_completion(_serving(server, warmup, saturate))
     res.meta.update(harness="saturated", window=window)
     return res
+
+
+def _serving(server, warmup: bool, run):
+    """A coroutine function: start ``server``, then ``run()``; if that raises, close the
+    server (failing what still waits) before the error goes on."""
+    async def served():
+        await server.start(warmup=warmup)
+        try:
+            return await run()
+        except BaseException:
+            await server.close(drain=False)
+            raise
+    return served
 
 
 def _settle(fut) -> None:
@@ -211,19 +228,28 @@ def _rows(server, inputs) -> list:
 
 
 def _server(target, policy, workers, device, poll_ms):
+    """What serves ``target``; a batcher's own settings may be given again, not changed."""
     if isinstance(target, DynamicBatcher):
-        if policy is not None and policy != target.policy:
-            raise ValueError(f"policy must be None or the batcher's own {target.policy}, "
-                             f"got {policy!r}")
+        own = {"policy": target.policy, "workers": target.workers, "device": target.device}
+        given = {"policy": policy, "workers": workers,
+                 "device": None if device is None else resolve_device(device)}
+        for name, value in given.items():
+            if value is not None and value != own[name]:
+                raise ValueError(f"{name} must be None or the batcher's own {own[name]}, "
+                                 f"got {value!r}")
         return target
     if isinstance(target, InferenceBatcher):
-        if policy is not None:
-            raise ValueError(f"policy must be None for an InferenceBatcher (it has its own "
-                             f"max_batch_size and max_wait_ms), got {policy!r}")
+        for name, value, ok in (("policy", policy, None), ("workers", workers, 1),
+                                ("device", device, None)):
+            if value is not None and value != ok:
+                raise ValueError(f"{name} must be None for an InferenceBatcher (it has its "
+                                 f"own max_batch_size and max_wait_ms, one worker, and runs "
+                                 f"where its model is), got {value!r}")
         return _Polled(target, poll_ms)
     if policy is None:
         raise ValueError("policy is required to serve a model, got None")
-    return DynamicBatcher(target, policy, workers=workers, device=device)
+    return DynamicBatcher(target, policy, workers=1 if workers is None else workers,
+                          device=device)
 
 
 class _Polled:
@@ -266,7 +292,8 @@ class _Polled:
         self.batcher.add_request(x, rid)
         return fut
 
-    async def close(self):
+    async def close(self, drain: bool = True):
+        """Stop polling once the queue is empty (the naive batcher always drains)."""
         self.closing = True
         await self.task
 

@@ -16,6 +16,7 @@ import time
 import torch
 
 from .. import _check
+from .runners import checked_output
 
 
 class InferenceBatcher:
@@ -47,22 +48,27 @@ class InferenceBatcher:
     def process_batch(self) -> list[dict]:
         """Run the model once on up to ``max_batch_size`` of the oldest requests.
 
-        Returns ``[{"id": request_id, "output": tensor}]`` in arrival order.
+        Returns ``[{"id": request_id, "output": tensor}]`` in arrival order; a model
+        that does not return one row per input raises ``TypeError`` (the batch is lost,
+        as the naive batcher loses it on any error).
         """
         batch = self.queue[:self.max_batch_size]
         del self.queue[:self.max_batch_size]
         if not batch:
             return []
         with torch.no_grad():
-            outputs = self.model_fn(torch.stack([x for _, x, _ in batch]))
+            outputs = checked_output(self.model_fn(torch.stack([x for _, x, _ in batch])),
+                                     len(batch))
         return [{"id": rid, "output": outputs[i]} for i, (rid, _, _) in enumerate(batch)]
 
 
 def batch_inference(model_fn, inputs, batch_size: int = 32) -> list:
-    """Offline inference in fixed-size batches: one output per input, in order."""
+    """Offline inference in fixed-size batches: one output per input, in order (a model
+    that does not return one row per input raises ``TypeError``)."""
     batch_size = _check.positive_int("batch_size", batch_size)
     outputs = []
     with torch.no_grad():
         for i in range(0, len(inputs), batch_size):
-            outputs.extend(model_fn(torch.stack(list(inputs[i:i + batch_size]))))
+            batch = list(inputs[i:i + batch_size])
+            outputs.extend(checked_output(model_fn(torch.stack(batch)), len(batch)))
     return outputs
