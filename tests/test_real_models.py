@@ -82,3 +82,14 @@ def test_input_spec_random_is_seeded_and_shaped():
     x = spec.random(4, seed=1)
     assert x.shape == (4, 2, 3) and x.dtype == torch.float16
     assert torch.equal(x, spec.random(4, seed=1))
+
+
+def test_input_spec_takes_a_dtype_by_name_and_refuses_bad_ones():
+    assert InputSpec([16], "int64") == InputSpec((16,), torch.int64)
+    with pytest.raises(ValueError, match=r"shape must be a tuple of sizes >= 0, got \(-1,\)"):
+        InputSpec((-1,), torch.float32)
+    with pytest.raises(ValueError, match="shape must be a tuple of sizes >= 0, got '4'"):
+        InputSpec("4", torch.float32)
+    with pytest.raises(ValueError, match="dtype must be a torch dtype or its name, such as "
+                                         "'float32', got 'floaty'"):
+        InputSpec((4,), "floaty")

@@ -10,7 +10,9 @@ downloaded: weights are drawn from a seeded generator.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from numbers import Integral
 
 import torch
 from torch import nn
@@ -23,13 +25,24 @@ SIZES = ("default", "tiny")
 
 @dataclass(frozen=True)
 class InputSpec:
-    """Shape (without the batch dimension) and dtype of one request's input tensor."""
+    """Shape (without the batch dimension) and dtype of one request's input tensor; the
+    dtype may be named (``"int64"``), and a bad one of either raises ``ValueError``."""
 
     shape: tuple
     dtype: torch.dtype
 
     def __post_init__(self):
-        object.__setattr__(self, "shape", torch.Size(self.shape))
+        shape = self.shape
+        if (isinstance(shape, str) or not isinstance(shape, Iterable)
+                or not all(isinstance(d, Integral) and not isinstance(d, bool) and d >= 0
+                           for d in shape)):
+            raise ValueError(f"shape must be a tuple of sizes >= 0, got {shape!r}")
+        dtype = getattr(torch, self.dtype, None) if isinstance(self.dtype, str) else self.dtype
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"dtype must be a torch dtype or its name, such as 'float32', "
+                             f"got {self.dtype!r}")
+        object.__setattr__(self, "shape", torch.Size(shape))
+        object.__setattr__(self, "dtype", dtype)
 
     def random(self, n: int, seed: int = 0, pin_memory: bool = False) -> torch.Tensor:
         """``n`` random inputs stacked as one ``(n, *shape)`` CPU tensor (standard normal)."""
