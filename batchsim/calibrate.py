@@ -55,6 +55,7 @@ from ._gc import collector_paused
 from .cpus import process_cpus
 from .policy import BatchPolicy
 from .result import COMPLETED, RunResult
+from .seeding import streams
 from .service import BatcherCosts, CalibratedService, ServiceModel, quantile_at
 from .workload import Poisson
 
@@ -123,6 +124,11 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
         raise ValueError(f"n_requests must be at least 200, got {n_requests!r}")
     duration_s = _check.non_negative("duration_s", duration_s)
     profile_s = _check.non_negative("profile_s", profile_s)
+    timer_probes = _check.positive_int("timer_probes", timer_probes)
+    if runs is not None and not isinstance(runs, list):
+        raise ValueError(f"runs must be a list (to get the calibration's runs) or None, "
+                         f"got {runs!r}")
+    streams(seed)  # checks the seed before anything is measured
     spec = input_spec if input_spec is not None else getattr(model, "input_spec", None)
 
     _check.one_of("profile", profile, ("auto", "model", "batcher"))
@@ -137,8 +143,7 @@ def calibrate(model_or_batcher, max_batch_size: int | None = None, *, batch_size
     measured = _calibration_runs(model_or_batcher, max_b, n, duration_s, device, spec, seed)
     if runs is not None:
         runs.extend(measured)
-    resolution_ms, latency_ms, timer_fit = _timer(_check.positive_int(
-        "timer_probes", timer_probes), seed)
+    resolution_ms, latency_ms, timer_fit = _timer(timer_probes, seed)
     metadata = {
         "model": getattr(model, "zoo_name", None) or getattr(model, "__name__",
                                                              type(model).__name__),

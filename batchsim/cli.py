@@ -2,7 +2,8 @@
 
 Each subcommand is a pair of functions: ``_args_NAME(parser)`` declares its arguments
 and ``_run_NAME(args)`` does the work and returns an exit code; ``COMMANDS`` lists them.
-Bad arguments print one line, ``batchsim: error: ...``, and exit with code 2.
+Bad arguments print one line, ``batchsim: error: ...``, and exit with code 2; output
+files are checked before any work starts, and a write that fails anyway exits with 1.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+from pathlib import Path
 
 EXIT_USAGE = 2
 
@@ -20,6 +23,30 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(EXIT_USAGE, f"batchsim: error: {message}\n")
+
+
+def _output_file(text: str) -> str:
+    """An argparse type: a file this process can write (its folder exists), not a folder."""
+    path = Path(text)
+    folder = path.parent
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"folder {str(folder)!r} of {text!r} does not exist")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}")
+    return text
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
 
 
 def _service_spec(text: str):
@@ -59,7 +86,7 @@ def add_model_arguments(p: argparse.ArgumentParser, grid: bool = False) -> None:
 
 def model_from_args(args):
     """``(workload, service)`` from the shared model arguments."""
-    from dataclasses import replace
+    from dataclasses import fields, replace
 
     from . import workload as wl
     from .service import load_service
@@ -69,6 +96,10 @@ def model_from_args(args):
                 "gamma": lambda: wl.Gamma(args.rate, args.cv)}[args.arrivals]()
     service = load_service(args.profile) if args.profile else _service_spec(args.service)
     if args.jitter_cv:
+        if "jitter_cv" not in {f.name for f in fields(service)}:
+            raise ValueError(f"--jitter-cv applies to affine and profile services, not the "
+                             f"{type(service).__name__} in --profile {args.profile!r} "
+                             f"(it carries its own measured spread), got {args.jitter_cv!r}")
         service = replace(service, jitter_cv=args.jitter_cv)
     return arrivals, service
 
@@ -125,8 +156,8 @@ def _args_profile(p):
     p.add_argument("--through-batcher", action="store_true",
                    help="time full batches through a one-worker DynamicBatcher (on CUDA: "
                         "its graphs and pipeline) instead of the model alone")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--out", required=True, help="profile JSON file to write")
+    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
+    p.add_argument("--out", type=_output_file, required=True, help="profile JSON file to write")
 
 
 def _run_profile(args) -> int:
@@ -166,9 +197,9 @@ def _args_sweep(p):
                    help="fractions of capacity (rescale --rate); default: --rate itself")
     p.add_argument("--slo-ms", type=float, default=None, help="goodput columns, SLO line")
     p.add_argument("--warmup-frac", type=float, default=0.0)
-    p.add_argument("--out", help="CSV file for the results (one row per run)")
-    p.add_argument("--plot", help="PNG file: latency vs throughput (give several --load "
-                   "values for curves) and a p99 heatmap")
+    p.add_argument("--out", type=_output_file, help="CSV file for the results (one row per run)")
+    p.add_argument("--plot", type=_output_file, help="PNG file: latency vs throughput (give "
+                   "several --load values for curves) and a p99 heatmap")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -230,7 +261,8 @@ def _args_recommend(p):
                    default=[1, 2, 4, 8, 16, 32, 64, 128])
     p.add_argument("--max-wait-ms", type=float, nargs="+", default=None,
                    help="default: 0 and 1/32 ... 1/2 of the SLO")
-    p.add_argument("--out", help="CSV file for the evidence (every configuration)")
+    p.add_argument("--out", type=_output_file,
+                   help="CSV file for the evidence (every configuration)")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -260,10 +292,11 @@ def _args_validate(p):
                    "max_batch_size=8,32 max_wait_ms=0,1 load=0.2,0.5,0.9)")
     p.add_argument("--arrivals", choices=["poisson", "bursty"], default="poisson",
                    help="arrival process of the grid's runs (default %(default)s; bursty: "
-                        "on/off, 4x the mean rate for 20 ms, a quarter of it for 60 ms)")
+                        "on/off, spells of 20 ms at 3.4x the mean rate between spells "
+                        "of 60 ms at 0.21x, each of exponential length)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, ...")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--threads", type=_positive_int, default=1, help="torch CPU threads")
     p.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=None,
                    help="serve every batch through the stage/launch/complete pipeline of "
                    "threads, or a thread per worker (--no-pipeline), in the calibration and "
@@ -297,9 +330,12 @@ def _args_validate(p):
                    "much faster or slower the machine served each row than at the start "
                    "(speed_ratio), and how the rows' p50 errors go with it")
     p.add_argument("--calibration", help="a calibrated model JSON to use instead of calibrating")
-    p.add_argument("--save-calibration", help="write the calibrated model JSON here")
-    p.add_argument("--out", help="CSV file for the error table (one row per configuration)")
-    p.add_argument("--plot", help="PNG file: simulated against real p50 and p99")
+    p.add_argument("--save-calibration", type=_output_file,
+                   help="write the calibrated model JSON here")
+    p.add_argument("--out", type=_output_file,
+                   help="CSV file for the error table (one row per configuration)")
+    p.add_argument("--plot", type=_output_file,
+                   help="PNG file: simulated against real p50 and p99")
 
 
 _GRID_DEFAULTS = {"max_batch_size": (8, 32), "max_wait_ms": (0.0, 1.0), "load": (0.2, 0.5, 0.9)}
@@ -356,6 +392,8 @@ def _validate(args, thread_cpus=None) -> int:
     from .workload import Bursty, Poisson
 
     grid = _grid(args.grid)
+    fid.checked_grid(**grid, n_requests=args.n_requests, duration_s=args.duration_s,
+                     seed=args.seed)
     size, _, name = args.model.rpartition("-")
     if name not in MODELS or size not in ("", "tiny"):
         raise ValueError(f"--model must be one of {list(MODELS)}, optionally tiny-..., "
@@ -371,6 +409,13 @@ def _validate(args, thread_cpus=None) -> int:
         if not isinstance(service, CalibratedService):
             raise ValueError(f"--calibration must hold a calibrated model, got "
                              f"{type(service).__name__} from {args.calibration!r}")
+        serving = {"model": model.zoo_name,
+                   "dtype": str(model.input_spec.dtype).removeprefix("torch.")}
+        made_on = {key: service.metadata.get(key, value) for key, value in serving.items()}
+        if made_on != serving:  # a calibration that does not say is taken at its word
+            raise ValueError(f"--calibration {args.calibration!r} was made on "
+                             f"{made_on['model']} at {made_on['dtype']}, not the --model "
+                             f"{args.model!r} at --dtype {args.dtype!r}")
     else:
         print(f"calibrating {model.zoo_name} on {args.device} ...", flush=True)
         service = cal.calibrate(served, max(grid["max_batch_size"]), device=args.device)
@@ -454,6 +499,9 @@ def main(argv=None) -> int:
     except (ValueError, NotImplementedError, FileNotFoundError) as e:
         print(f"batchsim: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as e:  # a write that failed after the checks (a full disk, ...)
+        print(f"batchsim: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

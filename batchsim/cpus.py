@@ -39,15 +39,21 @@ def process_cpus() -> list[int] | None:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
+#: The largest CPU number Linux can have (its NR_CPUS at most): a bound that keeps
+#: ``cpu_list`` from building a huge range out of a typo.
+MAX_CPU = 8191
+
+
 def cpu_list(text: str, name: str = "cpu") -> tuple[int, ...]:
     """CPU numbers written as Linux writes them (``"0"``, ``"2-5"``, ``"2,3,8-9"``), as a
-    sorted tuple; anything else is refused with a ``ValueError`` naming ``name``."""
+    sorted tuple; anything else (or a number above ``MAX_CPU``) is refused with a
+    ``ValueError`` naming ``name``."""
     cpus = set()
     try:
         for part in str(text).split(","):
             lo, dash, hi = part.partition("-")
             first, last = int(lo), int(hi if dash else lo)
-            if first < 0 or last < first:
+            if first < 0 or last < first or last > MAX_CPU:
                 raise ValueError
             cpus.update(range(first, last + 1))
     except ValueError:

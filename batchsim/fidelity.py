@@ -23,6 +23,7 @@ from . import _check
 from .calibrate import METRICS, at_speed, compare, worker_time_ratio
 from .policy import BatchPolicy
 from .result import RunResult
+from .seeding import streams
 from .service import CalibratedService, ServiceModel
 from .workload import Poisson, Trace, Workload
 
@@ -51,11 +52,41 @@ def run_pair(model_or_batcher, service: ServiceModel, policy: BatchPolicy,
     from .sim import simulate
 
     _check.one_of("arrivals", arrivals, ("scheduled", "recorded"))
+    if arrivals == "scheduled":
+        _calibrated(service)
     real = run_load(one_worker(model_or_batcher, policy, device=device), workload,
                     n_requests=n_requests, seed=seed)
     if arrivals == "recorded":
         return real, simulate(Trace(real.arrival_s), policy, service, seed=seed)
     return real, simulate_schedule(real, policy, service, seed)
+
+
+def _calibrated(service) -> CalibratedService:
+    """``service`` if it is a ``CalibratedService``: only a calibration models the
+    batcher's costs and the load generator on its loop, which the real runs pay."""
+    if not isinstance(service, CalibratedService):
+        raise ValueError(f"service must be a CalibratedService (batchsim.calibrate's), "
+                         f"got {service!r}")
+    return service
+
+
+def checked_grid(max_batch_size, max_wait_ms, load, n_requests: int = 2000,
+                 duration_s: float | None = None, seed: int = 0) -> list[BatchPolicy]:
+    """``fidelity``'s arguments checked before anything runs (a ``ValueError`` naming
+    the parameter and the value): the policies of max_batch_size x max_wait_ms, in the
+    grid's order."""
+    grid = {"max_batch_size": max_batch_size, "max_wait_ms": max_wait_ms, "load": load}
+    for name, values in grid.items():
+        if isinstance(values, str) or not np.iterable(values) or len(values) == 0:
+            raise ValueError(f"{name} must be a non-empty sequence, got {values!r}")
+    for x in load:
+        _check.positive("load", x)
+    _check.positive_int("n_requests", n_requests)
+    if duration_s is not None:
+        _check.positive("duration_s", duration_s)
+    streams(seed)
+    return [BatchPolicy(_check.positive_int("max_batch_size", mb), mw)
+            for mb, mw in itertools.product(max_batch_size, max_wait_ms)]
 
 
 def simulate_schedule(real: RunResult, policy: BatchPolicy, service: ServiceModel,
@@ -146,13 +177,15 @@ def fidelity(model_or_batcher, service: ServiceModel, max_batch_size=(8, 32),
     from .real.batcher import one_worker
     from .sim import simulate
 
+    policies = checked_grid(max_batch_size, max_wait_ms, load, n_requests, duration_s, seed)
+    _calibrated(service)
     shape = Poisson(1.0) if workload is None else workload
-    configs = list(itertools.product(max_batch_size, max_wait_ms, load))
-    start_rps = ({int(b): _speed_probe(model_or_batcher, int(b), device) for b in max_batch_size}
+    configs = [(policy, x) for policy in policies for x in load]
+    start_rps = ({b: _speed_probe(model_or_batcher, b, device)
+                  for b in dict.fromkeys(policy.max_batch_size for policy in policies)}
                  if probe_speed else {})
     rows = []
-    for k, (mb, mw, x) in enumerate(configs):
-        policy = BatchPolicy(int(mb), float(mw))
+    for k, (policy, x) in enumerate(configs):
         rate_rps = float(x) * service.capacity_rps(policy.max_batch_size)
         traffic = shape.with_rate(rate_rps)
         n = n_requests if duration_s is None else max(n_requests, round(rate_rps * duration_s))
@@ -199,7 +232,8 @@ def fidelity(model_or_batcher, service: ServiceModel, max_batch_size=(8, 32),
             runs.append({"policy": policy, "rate_rps": rate_rps, "seed": seed, "real": real,
                          "again": again})
         if progress:
-            print(f"[{k + 1}/{len(configs)}] max_batch_size={mb} max_wait_ms={mw} load={x}: "
+            print(f"[{k + 1}/{len(configs)}] max_batch_size={policy.max_batch_size} "
+                  f"max_wait_ms={policy.max_wait_ms:g} load={x}: "
                   f"p50 {row['err_latency_ms_p50']:+.1%}, p99 {row['err_latency_ms_p99']:+.1%}"
                   + (f" (real vs real: p50 {row['floor_err_latency_ms_p50']:+.1%}, p99 "
                      f"{row['floor_err_latency_ms_p99']:+.1%})" if repeat else ""), flush=True)

@@ -444,15 +444,22 @@ def service_from_dict(d: dict) -> ServiceModel:
 
 
 def load_service(path) -> ServiceModel:
-    """Read a service model saved with ``save`` (a path, or the name of a shipped profile)."""
+    """Read a service model saved with ``save``: a path, or the name of a shipped profile
+    (a bare name such as ``"h200_encoder_bfloat16"``; a path with a folder is only a
+    path). A missing or unreadable file raises ``ValueError`` naming it."""
     p = Path(path)
     if not p.exists():
-        shipped = resources.files("batchsim") / "data" / "profiles" / f"{Path(path).stem}.json"
-        if not shipped.is_file():
+        shipped = resources.files("batchsim") / "data" / "profiles" / f"{p.stem}.json"
+        if p.name != str(path) or p.suffix not in ("", ".json") or not shipped.is_file():
             raise ValueError(f"path {str(path)!r} is neither a file nor a shipped profile "
                              f"(shipped: {shipped_profiles()})")
         return service_from_dict(json.loads(shipped.read_text()))
-    return service_from_dict(json.loads(p.read_text()))
+    if not p.is_file():
+        raise ValueError(f"path {str(path)!r} is not a file")
+    try:
+        return service_from_dict(json.loads(p.read_text()))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"path {str(path)!r} holds no service model JSON: {e}") from None
 
 
 def shipped_profiles() -> list[str]:

@@ -9,7 +9,8 @@ p99 latency and of throughput (targets: 5%, 10%, 2%) and the worst configuration
 * ``poisson``: Poisson arrivals, seed 1 (the calibration runs used seeds 0 to 9, at other
   rates and policies);
 * ``poisson-seed2``: the same grid on another seed;
-* ``bursty``: on/off bursts (MMPP: 4x the mean rate for 20 ms, a quarter of it for 60 ms).
+* ``bursty``: on/off bursts (MMPP: spells of 20 ms at 3.4x the mean rate between spells of
+  60 ms at 0.21x, each of exponential length).
 
 Every real run is made twice on the same arrivals: the second against the first
 (``floor``) is how far the real batcher is from itself on this machine -- no model of

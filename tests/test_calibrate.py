@@ -4,6 +4,7 @@ model whose cost is known."""
 import itertools
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -747,6 +748,17 @@ def test_calibrate_takes_a_batcher_and_refuses_bad_arguments():
         bs.calibrate(known_cost, 4, profile="gpu")
     with pytest.raises(ValueError, match="profile_s must be"):
         bs.calibrate(known_cost, 4, profile_s=-1.0)
+
+    def never(x):
+        raise AssertionError("calibrate measured before checking its arguments")
+
+    never.input_spec = known_cost.input_spec
+    for bad, match in [({"timer_probes": 0}, "timer_probes must be an integer >= 1, got 0"),
+                       ({"runs": "x"}, "runs must be a list (to get the calibration's runs) "
+                                       "or None, got 'x'"),
+                       ({"seed": -1}, "seed must be an integer >= 0")]:
+        with pytest.raises(ValueError, match=re.escape(match)):
+            bs.calibrate(never, 4, **bad)
     batcher = DynamicBatcher(known_cost, bs.BatchPolicy(2, 1.0))
     svc = bs.calibrate(batcher, n_requests=200, duration_s=0.0, batch_sizes=(1, 2), repeats=3,
                        profile_s=0.2, timer_probes=20)
@@ -904,9 +916,49 @@ def test_validate_on_given_cpus_runs_the_batcher_there(tmp_path, awake, which):
     (["--grid", "max_batch=4"], "--grid entries must look like NAME=V1,V2"),
     (["--grid", "load=a,b"], "--grid load must be floats"),
     (["--model", "tiny-gpt"], "--model must be one of"),
+    (["--threads", "0"], "argument --threads: must be an integer >= 1, got '0'"),
+    (["--grid", "load=-0.5"], "load must be a positive finite number, got -0.5"),
+    (["--grid", "max_batch_size=0"], "max_batch_size must be an integer >= 1, got 0"),
+    (["--duration-s", "inf"], "duration_s must be a positive finite number, got inf"),
+    (["-n", "0"], "n_requests must be an integer >= 1, got 0"),
+    (["--seed", "-1"], "seed must be an integer >= 0"),
+    (["--cpu", "0-100000000"], "--cpu must be CPU numbers like 0, 2-5 or 2,3,8-9"),
+    (["--save-calibration", "/"], "argument --save-calibration: '/' is a folder, not a file"),
+    (["--out", "/no/such/folder/errors.csv"],
+     "argument --out: folder '/no/such/folder' of '/no/such/folder/errors.csv' does not exist"),
 ])
 def test_validate_command_reports_bad_arguments_in_one_line(argv, match, capsys):
     from batchsim.cli import main
 
-    assert main(["validate", *argv]) == 2
-    assert match in capsys.readouterr().err
+    try:
+        code = main(["validate", *argv])
+    except SystemExit as e:  # argparse's own checks exit
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert match in err and len(err.strip().splitlines()) == 1
+
+
+def test_validate_refuses_a_calibration_made_on_another_model(tmp_path, capsys):
+    from batchsim.cli import main
+
+    cal = CalibratedService(bs.AffineService(0.1, 0.002), 0.05, 0.002, (0.9, 1.0, 1.3),
+                            BatcherCosts(0.02, 0.02, 0.0, 1.0, 0.1),
+                            {"model": "tiny-mlp", "dtype": "float32"})
+    cal.save(tmp_path / "cal.json")
+    assert main(["validate", "--model", "tiny-cnn", "--calibration",
+                 str(tmp_path / "cal.json")]) == 2
+    assert (f"--calibration {str(tmp_path / 'cal.json')!r} was made on tiny-mlp at float32, "
+            f"not the --model 'tiny-cnn' at --dtype 'float32'") in capsys.readouterr().err
+
+
+def test_simulate_refuses_jitter_for_a_calibrated_service(tmp_path, capsys):
+    from batchsim.cli import main
+
+    cal = CalibratedService(bs.AffineService(0.1, 0.002), 0.05, 0.002, (0.9, 1.0, 1.3),
+                            BatcherCosts(0.02, 0.02, 0.0, 1.0, 0.1))
+    cal.save(tmp_path / "cal.json")
+    assert main(["simulate", "--rate", "100", "--profile", str(tmp_path / "cal.json"),
+                 "--jitter-cv", "0.1"]) == 2
+    assert ("--jitter-cv applies to affine and profile services, not the CalibratedService"
+            in capsys.readouterr().err)

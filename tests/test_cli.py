@@ -36,6 +36,12 @@ def test_simulate_json_matches_the_library():
     (["simulate", "--rate", "100", "--max-batch-size", "x"], "--max-batch-size"),
     (["simulate", "--rate", "100", "--profile", "missing.json"], "missing.json"),
     (["simulate"], "--rate"),
+    (["simulate", "--rate", "100", "--profile", "/"], "path '/' is not a file"),
+    (["sweep", "--rate", "100", "--plot", "/"], "argument --plot: '/' is a folder"),
+    (["recommend", "--rate", "100", "--slo-ms", "5", "--out", "/no/such/folder/x.csv"],
+     "folder '/no/such/folder' of '/no/such/folder/x.csv' does not exist"),
+    (["profile", "--model", "mlp", "--out", "p.json", "--threads", "-1"],
+     "argument --threads: must be an integer >= 1, got '-1'"),
 ])
 def test_bad_arguments_give_one_line_and_exit_2(argv, words, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -43,3 +49,11 @@ def test_bad_arguments_give_one_line_and_exit_2(argv, words, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err and err.startswith("batchsim: error:")
+
+
+def test_a_write_that_fails_after_the_checks_is_one_line_and_exit_1(capsys):
+    """``/dev/full`` passes the checks (its folder is writable) and fails when written."""
+    assert main(["sweep", "--rate", "100", "-n", "200", "--max-batch-size", "4",
+                 "--max-wait-ms", "0", "--no-progress", "--out", "/dev/full"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("batchsim: error:")

@@ -55,14 +55,14 @@ def test_pinning_a_gpu_batcher_to_fewer_cpus_than_its_threads_warns():
 
 
 @pytest.mark.parametrize("text, cpus", [("0", (0,)), ("2-5", (2, 3, 4, 5)),
-                                         ("8,2-3,3", (2, 3, 8))])
+                                         ("8,2-3,3", (2, 3, 8)), ("8191", (8191,))])
 def test_cpu_list_reads_cpus_as_linux_writes_them(text, cpus):
     from batchsim.cpus import cpu_list
 
     assert cpu_list(text) == cpus
 
 
-@pytest.mark.parametrize("text", ["", "a", "3-1", "-1", "1,,2", "0-"])
+@pytest.mark.parametrize("text", ["", "a", "3-1", "-1", "1,,2", "0-", "0-100000000", "8192"])
 def test_cpu_list_refuses_anything_else_naming_the_flag(text):
     from batchsim.cpus import cpu_list
 

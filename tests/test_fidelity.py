@@ -20,6 +20,7 @@ import gzip
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import warnings
@@ -348,3 +349,28 @@ def test_fidelity_summary_counts_rows_where_the_harness_fell_behind_and_sets_the
     assert out["median_abs_at_speed_latency_ms_p50"] == pytest.approx(0.025)
     assert out["worker_time_ratio_p5"] == pytest.approx(1.0 + 0.3 * 0.05)
     assert out["worker_time_ratio_p95"] == pytest.approx(1.0 + 0.3 * 0.95)
+
+
+def _never_served(x):
+    raise AssertionError("fidelity served a request before checking its arguments")
+
+
+_never_served.input_spec = sleepy.input_spec
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"max_batch_size": (4.7,)}, "max_batch_size must be an integer >= 1, got 4.7"),
+    ({"max_batch_size": (True,)}, "max_batch_size must be an integer >= 1, got True"),
+    ({"max_wait_ms": (-1.0,)}, "max_wait_ms must be"),
+    ({"load": ()}, "load must be a non-empty sequence, got ()"),
+    ({"load": (0.5, -0.5)}, "load must be a positive finite number, got -0.5"),
+    ({"n_requests": 0}, "n_requests must be an integer >= 1, got 0"),
+    ({"duration_s": float("inf")}, "duration_s must be a positive finite number, got inf"),
+    ({"seed": -1}, "seed must be an integer >= 0"),
+    ({"service": bs.AffineService(1.0, 0.1)}, "service must be a CalibratedService"),
+])
+def test_fidelity_checks_its_arguments_before_anything_runs(service, kwargs, match):
+    args = {"service": service, "max_batch_size": (4,), "max_wait_ms": (0.0,),
+            "load": (0.5,), **kwargs}
+    with pytest.raises(ValueError, match=re.escape(match)):
+        fidelity(_never_served, **args)

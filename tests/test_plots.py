@@ -103,6 +103,8 @@ def test_timeline_marks_dropped_arrivals(overloaded):
 def test_timeline_rejects_an_empty_window(run):
     with pytest.raises(ValueError, match="t1_s"):
         plots.timeline(run, t0_s=0.1, t1_s=0.05)
+    with pytest.raises(ValueError, match=r"t0_s must be before the run's end \(.* s\), got 1000"):
+        plots.timeline(run, t0_s=1000)
 
 
 def test_latency_hist_counts_completed_requests_and_marks_percentiles(overloaded):

@@ -70,6 +70,20 @@ def test_bad_service_raises_naming_the_parameter(make, name):
         make()
 
 
+def test_load_service_names_a_path_it_cannot_read(tmp_path):
+    """A path with a folder is only a path: no shipped profile of the same name stands
+    in for a missing file; a folder or a file of something else is refused by name."""
+    shipped = bs.shipped_profiles()[0]
+    with pytest.raises(ValueError, match="neither a file nor a shipped profile"):
+        bs.load_service(tmp_path / "missing" / f"{shipped}.json")
+    assert bs.load_service(f"{shipped}.json") == bs.load_service(shipped)
+    with pytest.raises(ValueError, match=f"path {str(tmp_path)!r} is not a file"):
+        bs.load_service(tmp_path)
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(ValueError, match="notes.txt' holds no service model JSON"):
+        bs.load_service(tmp_path / "notes.txt")
+
+
 def test_shipped_profiles_load():
     for name in bs.shipped_profiles():
         s = bs.load_service(name)

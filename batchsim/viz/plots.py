@@ -67,6 +67,9 @@ def timeline(res, t0_s=None, t1_s=None, ax=None):
     (default: the first arrival).
     """
     t0 = float(res.arrival_s[0]) if t0_s is None else _check.non_negative("t0_s", t0_s)
+    last_s = max(float(res.arrival_s[-1]), float(np.nanmax(res.end_s, initial=0.0)))
+    if t0 >= last_s:
+        raise ValueError(f"t0_s must be before the run's end ({last_s:.6g} s), got {t0_s!r}")
     if t1_s is None:
         later = np.flatnonzero(res.start_s >= t0)[:TIMELINE_BATCHES]
         t1 = float(res.end_s[later].max()) if later.size else float(res.arrival_s[-1])
