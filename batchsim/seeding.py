@@ -13,10 +13,17 @@ import numpy as np
 
 
 def streams(seed) -> tuple[np.random.Generator, np.random.Generator]:
-    """``(arrival_rng, service_rng)`` for ``seed`` (an int >= 0 or a ``SeedSequence``)."""
+    """``(arrival_rng, service_rng)`` for ``seed`` (an int >= 0 or a ``SeedSequence``).
+
+    The two children are the ones a fresh ``SeedSequence`` of ``seed`` would spawn first,
+    made without spawning: a ``SeedSequence`` passed in is left as it was, so passing it
+    again gives the same run (``spawn`` would move it on to new children each time).
+    """
     if not isinstance(seed, np.random.SeedSequence) and (
             isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
         raise ValueError(f"seed must be an integer >= 0 or a SeedSequence, got {seed!r}")
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
-    arrival_ss, service_ss = ss.spawn(2)
+    arrival_ss, service_ss = (
+        np.random.SeedSequence(ss.entropy, spawn_key=(*ss.spawn_key, i), pool_size=ss.pool_size)
+        for i in (0, 1))
     return np.random.default_rng(arrival_ss), np.random.default_rng(service_ss)

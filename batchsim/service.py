@@ -97,9 +97,9 @@ class ProfileService(ServiceModel):
 
     def __post_init__(self):
         sizes = [_check.positive_int("batch_sizes", b)
-                 for b in np.asarray(self.batch_sizes).tolist()]
+                 for b in np.atleast_1d(self.batch_sizes).tolist()]
         times = [_check.positive("times_ms", t)
-                 for t in np.asarray(self.times_ms, float).tolist()]
+                 for t in np.atleast_1d(np.asarray(self.times_ms, float)).tolist()]
         if not sizes:
             raise ValueError("batch_sizes must not be empty, got []")
         if len(sizes) != len(times):
@@ -218,9 +218,9 @@ class BatcherCosts:
         """Check a table (``x_name``: positive, strictly increasing; ``y_name``: one
         non-negative value per point) and keep it as tuples of floats."""
         x = tuple(_check.positive(x_name, v)
-                  for v in np.asarray(getattr(self, x_name), float).tolist())
+                  for v in np.atleast_1d(np.asarray(getattr(self, x_name), float)).tolist())
         y = tuple(_check.non_negative(y_name, v)
-                  for v in np.asarray(getattr(self, y_name), float).tolist())
+                  for v in np.atleast_1d(np.asarray(getattr(self, y_name), float)).tolist())
         if len(x) != len(y):
             raise ValueError(f"{y_name} must have one entry per {x_name}: {len(x)} points, "
                              f"got {len(y)}")
@@ -429,7 +429,18 @@ def _quantile_moment(q: np.ndarray, power: int) -> float:
 
 
 def service_from_dict(d: dict) -> ServiceModel:
-    """Rebuild a service model from ``to_dict()`` output."""
+    """Rebuild a service model from ``to_dict()`` output; a ``ValueError`` names a key
+    that is missing."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a service model is a dict with a 'kind', got {d!r:.80}")
+    try:
+        return _service_from_dict(d)
+    except KeyError as e:
+        raise ValueError(f"a service model of kind {d.get('kind')!r} needs the key "
+                         f"{e.args[0]!r}, got keys {sorted(d)}") from None
+
+
+def _service_from_dict(d: dict) -> ServiceModel:
     kind = d.get("kind")
     if kind == "affine":
         return AffineService(d["base_ms"], d["per_item_ms"], d.get("jitter_cv", 0.0))

@@ -27,7 +27,11 @@ class Workload:
 
     def with_rate(self, rate_rps: float) -> Workload:
         """This workload with every rate scaled so that the mean rate is ``rate_rps``."""
-        factor = _check.positive("rate_rps", rate_rps) / self.rate_rps
+        rate_rps = _check.positive("rate_rps", rate_rps)
+        if not 0 < self.rate_rps < math.inf:
+            raise ValueError(f"{self!r} has no finite mean rate to scale to rate_rps="
+                             f"{rate_rps!r}: its arrivals fall at one instant")
+        factor = rate_rps / self.rate_rps
         return self._scaled(factor)
 
     def _scaled(self, factor: float) -> Workload:
@@ -218,7 +222,10 @@ class Trace(Workload):
     """Arrival times given explicitly (seconds, sorted, finite, non-negative).
 
     ``arrivals_s(n)`` returns the first ``n`` times (all of them when ``n`` is None);
-    the seed is not used. ``Trace.from_csv(path)`` reads one column of times.
+    the seed is not used. ``Trace.from_csv(path)`` reads one column of times. Its
+    ``rate_rps`` is measured from the first arrival to the last (one over the mean gap),
+    and ``with_rate`` scales the gaps, the first arrival staying where it is: a trace
+    whose clock does not start at 0 (say at 3600 s) keeps its rate and its load.
     """
 
     def __init__(self, times_s):
@@ -243,11 +250,12 @@ class Trace(Workload):
 
     @property
     def rate_rps(self) -> float:
-        span_s = self.times_s[-1]
-        return self.times_s.size / span_s if span_s > 0 else math.inf
+        span_s = self.times_s[-1] - self.times_s[0]
+        return (self.times_s.size - 1) / span_s if span_s > 0 else math.inf
 
     def _scaled(self, factor):
-        return Trace(self.times_s / factor)
+        first_s = self.times_s[0]
+        return Trace(first_s + (self.times_s - first_s) / factor)
 
     def arrivals_s(self, n=None, rng=None):
         if n is None:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import batchsim as bs
+from batchsim.service import service_from_dict
 
 
 def test_affine_mean_and_capacity():
@@ -64,6 +65,9 @@ def test_json_round_trip_keeps_metadata(tmp_path):
     (lambda: bs.ProfileService([1, 2], [1.0, -2.0]), "times_ms"),
     (lambda: bs.AffineService(1.0, 0.1).capacity_rps(0), "max_batch_size"),
     (lambda: bs.load_service("no-such-profile"), "path"),
+    (lambda: service_from_dict({"kind": "affine", "base_ms": 1.0}),
+     "a service model of kind 'affine' needs the key 'per_item_ms', got keys"),
+    (lambda: service_from_dict([1, 2]), "a service model is a dict with a 'kind'"),
 ])
 def test_bad_service_raises_naming_the_parameter(make, name):
     with pytest.raises(ValueError, match=name):
@@ -89,3 +93,7 @@ def test_shipped_profiles_load():
         s = bs.load_service(name)
         assert s.metadata.get("device") and s.metadata.get("model")
         assert np.all(s.mean_ms(np.arange(1, 65)) > 0)
+
+
+def test_a_one_point_profile_may_be_given_as_numbers():
+    assert bs.ProfileService(8, 2.0) == bs.ProfileService((8,), (2.0,))

@@ -137,6 +137,29 @@ def test_same_seed_same_run_other_seed_other_run():
     np.testing.assert_array_equal(a.arrival_s, d.arrival_s)
 
 
+def test_a_seed_sequence_given_again_gives_the_same_run_in_either_engine():
+    """``streams`` leaves a ``SeedSequence`` as it was (``spawn`` would move it on), and
+    it gives what its integer seed gives."""
+    args = (bs.Poisson(2000.0), bs.BatchPolicy(8, 1.0), bs.AffineService(1.0, 0.2, 0.3))
+    seq = np.random.SeedSequence(7)
+    runs = [bs.simulate(*args, n_requests=500, seed=seq, engine=engine)
+            for engine in ("fast", "simpy", "fast")]
+    runs.append(bs.simulate(*args, n_requests=500, seed=7))
+    for run in runs[1:]:
+        np.testing.assert_array_equal(run.arrival_s, runs[0].arrival_s)
+        np.testing.assert_array_equal(run.finish_s, runs[0].finish_s)
+    assert seq.n_children_spawned == 0
+
+
+def test_an_uncapped_max_batch_size_costs_no_more_than_the_run():
+    """No batch outgrows the run: the table of batch times stops at its size."""
+    policy = bs.BatchPolicy(10**12, 1.0)
+    for engine in ("fast", "simpy"):
+        res = bs.simulate(bs.Poisson(1000.0), policy, bs.AffineService(1.0, 0.1),
+                          n_requests=10, seed=0, engine=engine)
+        assert res.summary()["n_completed"] == 10
+
+
 def test_jitter_scales_each_batch_by_a_mean_one_factor():
     service = bs.AffineService(2.0, 0.1, jitter_cv=0.4)
     res = bs.simulate(bs.Poisson(1000.0), bs.BatchPolicy(8, 1.0), service, n_requests=30_000)

@@ -104,10 +104,22 @@ def test_with_rate_rescales_the_mean_rate(workload):
     (lambda: bs.Trace([0.1, math.nan]), "times_s"),
     (lambda: bs.Poisson(10.0).arrivals_s(0, rng()), "n_requests"),
     (lambda: bs.Trace([0.1, 0.2]).arrivals_s(3), "n_requests"),
+    (lambda: bs.Trace([0.5, 0.5]).with_rate(100.0), "no finite mean rate to scale to rate_rps"),
 ])
 def test_bad_workloads_raise_naming_the_parameter(make, name):
     with pytest.raises(ValueError, match=name):
         make()
+
+
+def test_a_trace_whose_clock_starts_late_keeps_its_rate_and_first_arrival():
+    """Rate over the trace's own span: 3600 s of idle before it is not traffic."""
+    gaps_s = np.full(100, 0.01)
+    early = bs.Trace(np.cumsum(gaps_s))
+    late = bs.Trace(3600.0 + np.cumsum(gaps_s))
+    assert math.isclose(early.rate_rps, 100.0) and math.isclose(late.rate_rps, 100.0)
+    faster = late.with_rate(200.0)
+    assert faster.times_s[0] == late.times_s[0]
+    np.testing.assert_allclose(np.diff(faster.times_s), 0.005)
 
 
 def test_trace_keeps_times_and_reads_csv(tmp_path):

@@ -66,7 +66,10 @@ def simulate(workload: Workload, policy: BatchPolicy, service: ServiceModel,
 
     arrival_rng, service_rng = streams(seed)
     arrival_s = np.ascontiguousarray(workload.arrivals_s(n_requests, arrival_rng), dtype=float)
-    batch_time_s = np.asarray(service.mean_s(np.arange(policy.max_batch_size + 1)), float)
+    # Mean time per batch size, up to the largest batch this run can form (a policy
+    # whose max_batch_size means "no cap" must not cost a table that large).
+    largest = min(policy.max_batch_size, arrival_s.size)
+    batch_time_s = np.asarray(service.mean_s(np.arange(largest + 1)), float)
     jitter = service.jitter_factors(service_rng, arrival_s.size)
     release_dev_s = (None if costs is None
                      else costs.release_deviations_s(service_rng, arrival_s.size))
