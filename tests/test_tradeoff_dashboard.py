@@ -174,6 +174,19 @@ def test_service_dropdown_switches_to_the_gpu_profile():
     assert len(dash.grids) == 2 * len(FRONTIER_LOADS)
 
 
+def test_the_wait_slider_spans_the_chosen_services_wait_grid(monkeypatch):
+    """0 to the largest wait of the service's grid: a GPU's waits end at 1 ms, the affine
+    model's at 10; a wait past the new end is clamped, and the switch draws once."""
+    dash = dashboard(max_wait_ms=2.0)
+    wait = dash.controls["max_wait_ms"]
+    assert (wait.min, wait.max) == (0.0, wait_grid_ms(AFFINE)[-1]) == (0.0, 10.0)
+    draws = []
+    monkeypatch.setattr(dash, "update", lambda: draws.append(wait.value))
+    dash.controls["service"].value = GPU
+    assert wait.max == wait_grid_ms(bs.load_service(GPU))[-1] == 1.0
+    assert draws == [1.0] and wait.step <= wait.max / 100
+
+
 def test_arrival_dropdown_bursts_raise_p99():
     dash = dashboard(load=0.3)
     poisson = dash.result.summary
@@ -224,6 +237,8 @@ def test_bad_arguments_raise_naming_the_parameter():
         dashboard(service="tpu")
     with pytest.raises(ValueError, match="arrival"):
         dashboard(arrival="poisson")
+    with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+        dashboard(seed=-1)
     with pytest.raises(ValueError, match="max_batch_size"):
         dashboard(max_batch_size=256)
     with pytest.raises(ValueError, match="slo_ms"):

@@ -95,3 +95,12 @@ def test_bad_arguments_raise_naming_the_parameter():
         basics_dashboard(load=-0.5)
     with pytest.raises(ValueError, match="workload"):
         basics_dashboard(workload="poisson")
+    with pytest.raises(ValueError, match="service must be a service model .* got 'affine'"):
+        basics_dashboard(service="affine")
+    with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+        basics_dashboard(seed=-1)
+
+
+def test_a_light_starting_load_is_kept_not_raised_to_the_sliders_minimum():
+    dash = basics_dashboard(n_requests=500, load=0.01)
+    assert dash.controls["load"].value == 0.01 == dash.controls["load"].min

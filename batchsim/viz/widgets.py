@@ -27,6 +27,7 @@ from PIL import Image
 
 from .. import _check, quick
 from ..policy import BatchPolicy
+from ..seeding import streams
 from ..service import AffineService, ServiceModel, load_service, shipped_profiles
 from ..sim import simulate
 from ..sweep import sweep
@@ -47,7 +48,7 @@ def _n_requests(n_requests) -> int:
 def _load_and_workers(load, max_load: float, workers) -> dict:
     """The ``load`` (fraction of a capacity, up to ``max_load``) and ``workers`` sliders."""
     return {
-        "load": widgets.FloatSlider(value=_check.positive("load", load), min=0.05,
+        "load": widgets.FloatSlider(value=_check.positive("load", load), min=min(0.05, load),
                                     max=max(max_load, load), step=0.05, description="load",
                                     **_SLIDER),
         "workers": widgets.IntSlider(value=_check.positive_int("workers", workers), min=1,
@@ -196,9 +197,13 @@ def basics_dashboard(service=None, n_requests=None, workload=None, seed=0,
     arguments after ``seed`` are the sliders' starting values.
     """
     service = AffineService(base_ms=1.9, per_item_ms=0.14) if service is None else service
+    if not isinstance(service, ServiceModel):
+        raise ValueError(f"service must be a service model (AffineService, ...), got "
+                         f"{service!r}")
     workload = Poisson(rate_rps=1.0) if workload is None else workload
     if not isinstance(workload, Workload):
         raise ValueError(f"workload must be a batchsim workload (Poisson, ...), got {workload!r}")
+    streams(seed)  # checks the seed before a run shows it as an error
     n = _n_requests(n_requests)
     b = _check.positive_int("max_batch_size", max_batch_size)
     controls = {
@@ -244,6 +249,11 @@ def wait_grid_ms(service: ServiceModel) -> tuple:
     decades = range(math.floor(math.log10(low_ms)), math.ceil(math.log10(top_ms)) + 1)
     steps = (float(f"{m * 10.0**e:.12g}") for e in decades for m in (1, 2, 5))
     return (0.0,) + tuple(v for v in steps if low_ms <= v <= top_ms)
+
+
+def _wait_step_ms(top_ms: float) -> float:
+    """The max_wait_ms slider's step: a 200th of its range, to three significant digits."""
+    return float(f"{top_ms / 200:.3g}")
 
 
 def default_services() -> dict:
@@ -309,6 +319,10 @@ class TradeoffDashboard(Dashboard):
         self.n_requests = n_requests
         self.seed = seed
         self.grids: dict = {}
+        self._fitting = False  # True while the max_wait_ms slider is fitted to a service
+        # Registered before the dashboard's own observers: a new service first gets its
+        # slider range, then one update runs with the (possibly clamped) wait.
+        controls["service"].observe(self._fit_wait_slider, names="value")
         super().__init__(controls, figsize=(11, 4.8))
         self.figure.set_layout_engine("none")  # it holds only the composed bitmap
         self.backdrop = Figure(figsize=self.figure.get_size_inches(), dpi=self.figure.dpi)
@@ -319,6 +333,26 @@ class TradeoffDashboard(Dashboard):
         v = self.values()
         self.grid(v["service"], v["arrival"], v["workers"], FRONTIER_LOADS, progress=progress)
         self.update()
+
+    def _changed(self, change) -> None:
+        if not self._fitting:  # a wait clamped by _fit_wait_slider: the service's update follows
+            super()._changed(change)
+
+    def _fit_wait_slider(self, change) -> None:
+        """The max_wait_ms slider spans the new service's wait grid, 0 to its largest wait,
+        in 200 steps; a wait past the new end is clamped to it. A service whose grid cannot
+        be made leaves the slider as it is (the update shows the error)."""
+        try:
+            top_ms = wait_grid_ms(self.services[change["new"]])[-1]
+        except Exception:
+            return
+        slider = self.controls["max_wait_ms"]
+        self._fitting = True
+        try:
+            slider.step = _wait_step_ms(top_ms)
+            slider.max = top_ms
+        finally:
+            self._fitting = False
 
     def rate_rps(self, service: str, workers: int, load: float) -> float:
         """``load`` times the capacity of ``workers`` workers at the largest grid size."""
@@ -469,7 +503,9 @@ def tradeoff_dashboard(services=None, service=None, arrival="Poisson", n_request
     ``ARRIVALS``. ``n_requests`` per run defaults to 20,000 (4,000 in quick mode). The
     first frontier sweep shows a progress bar when ``progress``. The keyword arguments
     after ``progress`` are the controls' starting values; ``load`` is a fraction of the
-    capacity of ``workers`` workers at batch size 128.
+    capacity of ``workers`` workers at batch size 128. The max_wait_ms slider runs from 0
+    to the largest wait of the chosen service's grid (``wait_grid_ms``), and follows the
+    service dropdown.
     """
     services = default_services() if services is None else services
     if not isinstance(services, dict) or not services or not all(
@@ -480,6 +516,7 @@ def tradeoff_dashboard(services=None, service=None, arrival="Poisson", n_request
     service = next(iter(services)) if service is None else service
     _check.one_of("service", service, services)
     _check.one_of("arrival", arrival, ARRIVALS)
+    streams(seed)
     n = _n_requests(n_requests)
     top = FRONTIER_SIZES[-1]
     b = _check.positive_int("max_batch_size", max_batch_size)
@@ -489,12 +526,17 @@ def tradeoff_dashboard(services=None, service=None, arrival="Poisson", n_request
     slo = _check.positive("slo_ms", slo_ms)
     if not 0.1 <= slo <= 1000:
         raise ValueError(f"slo_ms must be between 0.1 and 1000, got {slo_ms!r}")
+    top_wait_ms = wait_grid_ms(services[service])[-1]
     menu = {"style": {"description_width": "initial"}, "layout": widgets.Layout(width="320px")}
     controls = {
         "max_batch_size": widgets.IntSlider(value=b, min=1, max=top,
                                             description="max_batch_size", **_SLIDER),
-        "max_wait_ms": widgets.FloatSlider(value=wait, min=0.0, max=max(20.0, wait), step=0.05,
-                                           description="max_wait_ms", **_SLIDER),
+        # 0 to the largest wait of the service's grid (the chosen wait, if larger); a new
+        # service refits it (TradeoffDashboard._fit_wait_slider).
+        "max_wait_ms": widgets.FloatSlider(value=wait, min=0.0, max=max(top_wait_ms, wait),
+                                           step=_wait_step_ms(top_wait_ms),
+                                           readout_format=".3g", description="max_wait_ms",
+                                           **_SLIDER),
         **_load_and_workers(load, 1.2, workers),
         "slo_ms": widgets.FloatLogSlider(value=slo, base=10, min=-1, max=3, step=0.05,
                                          readout_format=".3g", description="slo_ms (p99)",
