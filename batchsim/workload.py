@@ -74,6 +74,11 @@ class Constant(Workload):
         return np.arange(1, _n(n) + 1) / self.rate_rps
 
 
+#: The smallest coefficient of variation ``Gamma`` takes: its gaps are then constant to a
+#: millionth, and far below it the gamma shape ``1 / cv**2`` overflows (cv under 1e-154).
+MIN_CV = 1e-6
+
+
 @dataclass(frozen=True)
 class Gamma(Workload):
     """Renewal arrivals with gamma gaps: mean ``1 / rate_rps``, coefficient of variation ``cv``.
@@ -86,6 +91,9 @@ class Gamma(Workload):
 
     def __post_init__(self):
         _validate(self, _check.positive, "rate_rps", "cv")
+        if self.cv < MIN_CV:
+            raise ValueError(f"cv must be at least {MIN_CV} (evenly spaced arrivals are "
+                             f"Constant), got {self.cv!r}")
 
     def arrivals_s(self, n, rng):
         shape = 1.0 / self.cv**2
