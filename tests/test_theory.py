@@ -93,7 +93,7 @@ def test_sim_unbounded_greedy_matches_the_chain_and_meets_inoues_bound(load):
     assert lat[0] < theory.inoue_bound_s(rate, V100) + Z * lat[1]
 
 
-@pytest.mark.parametrize("b, load", [(4, 0.5), (16, 0.8)])
+@pytest.mark.parametrize("b, load", [(4, 0.5), (16, 0.8), (128, 0.9)])
 def test_sim_fixed_size_batching_matches_the_bulk_queue(b, load):
     rate = load * theory.max_stable_rate_rps(AFFINE, b)
     exact = theory.fixed_size_batching(rate, AFFINE, b)
@@ -182,6 +182,27 @@ def test_fixed_size_at_low_load_is_waiting_for_the_batch_to_fill():
     assert fixed.mean_batch_size == pytest.approx(b)
 
 
+@pytest.mark.parametrize("b", [512, 1024])
+def test_large_batches_at_light_load_are_solved_not_refused(b):
+    """At 30% of capacity a batch always finds the worker free: fixed-size batching is
+    then the ample-workers wait for the batch to fill. (The chain used to refuse these:
+    a running sum of log-factorials left ~1e-12 of rounding on its top state.)"""
+    service = bs.AffineService(1.9, 0.14)
+    rate = 0.3 * theory.max_stable_rate_rps(service, b)
+    fixed = theory.fixed_size_batching(rate, service, b)
+    ample = theory.timeout_batching_ample_workers(rate, service, b, math.inf)
+    assert fixed.latency_s == pytest.approx(ample.latency_s, rel=1e-9)
+
+
+def test_unbounded_greedy_with_a_constant_batch_time_by_hand():
+    """``s(k) = s`` for any k: batches of ``lambda s`` (plus P(none arrived), here
+    e^-300), and a request waits half a batch time on average before its own."""
+    s_ms, rate = 10.0, 30_000.0
+    p = theory.greedy_batching(rate, bs.AffineService(s_ms, 0.0), None)
+    assert p.mean_batch_size == pytest.approx(rate * s_ms / 1000, rel=1e-9)
+    assert p.latency_s == pytest.approx(1.5 * s_ms / 1000, rel=1e-9)
+
+
 def test_size_or_timeout_limits_and_monotonicity():
     s1 = float(AFFINE.mean_s(1))
     zero = theory.timeout_batching_ample_workers(500.0, AFFINE, 8, 0.0)
@@ -237,6 +258,8 @@ JITTERY = bs.AffineService(2.0, 0.5, jitter_cv=0.2)
     (lambda: theory.greedy_batching(100.0, "fast", 8), "service", "'fast'"),
     (lambda: theory.fixed_size_batching(100.0, AFFINE, 2.5), "batch_size", "2.5"),
     (lambda: theory.fixed_size_batching(5000.0, AFFINE, 4), "rate_rps", "5000.0"),
+    (lambda: theory.inoue_bound_s(100.0, bs.AffineService(2.0, 0.5, jitter_cv=0.5)),
+     "jitter_cv", "0.5"),
     (lambda: theory.inoue_bound_s(100.0, PROFILE), "service", "ProfileService"),
     (lambda: theory.inoue_bound_s(2000.0, AFFINE), "rate_rps", "2000.0"),
     (lambda: theory.timeout_batching_ample_workers(100.0, AFFINE, 8, -1.0), "max_wait_ms",
