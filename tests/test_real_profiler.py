@@ -121,6 +121,41 @@ def test_profile_runs_the_model_off_the_callers_thread_and_raises_its_errors():
         profile_model(broken, [1], repeats=2, overhead=False, input_spec=spec)
 
 
+def test_a_profile_takes_one_size_as_a_number():
+    prof = profile_model(lambda x: 2 * x, 4, repeats=2, overhead=False,
+                         input_spec=InputSpec((5,), torch.float32))
+    assert prof.batch_sizes == (4,)
+
+
+@pytest.mark.parametrize("through", ["model", "batcher"])
+@pytest.mark.parametrize("broken", [lambda x: None, lambda x: x[:1]], ids=["None", "one row"])
+def test_a_model_without_a_row_per_input_is_refused_not_timed(broken, through):
+    """A batcher splits such a batch down to single requests (or fails them all): timed,
+    that would be a profile of the error path."""
+    spec = InputSpec((5,), torch.float32)
+    with pytest.raises(TypeError, match="model_fn must return a tensor with one row per input"):
+        if through == "model":
+            profile_model(broken, [1, 4], repeats=2, overhead=False, input_spec=spec)
+        else:
+            profile_batcher(broken, [1, 4], repeats=2, input_spec=spec)
+
+
+def test_a_profile_through_the_batcher_refuses_a_model_that_fails_there():
+    """Rows right when run alone, an error inside the batcher: the error, not a profile."""
+    spec = InputSpec((5,), torch.float32)
+    calls = []
+
+    def fails_when_served(x):
+        calls.append(len(x))
+        if len(calls) > 2:  # the two untimed checks pass
+            raise RuntimeError("out of workspace")
+        return 2 * x
+
+    with pytest.raises(ValueError, match="the model failed while served in batches of 1: "
+                                         "RuntimeError: out of workspace"):
+        profile_batcher(fails_when_served, [1, 4], repeats=2, input_spec=spec)
+
+
 def test_a_slow_start_of_the_profile_falls_on_every_size_alike():
     """A model slow for its first timed calls (a thread's first runs, a neighbour's
     burst) -- here 3 ms instead of 0.5 ms for as many calls as one size's repeats. Timed
@@ -204,6 +239,8 @@ def test_plain_callable_needs_an_input_spec():
     ({"batch_sizes": [0, 4]}, "batch_sizes must be an integer"),
     ({"repeats": 0}, "repeats"),
     ({"min_duration_s": -1.0}, "min_duration_s must be"),
+    ({"batch_sizes": 4.5}, "batch_sizes must be an integer >= 1, got 4.5"),
+    ({"warmup": 2.7}, "warmup must be an integer >= 0, got 2.7"),
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -33,6 +33,7 @@ import platform
 import re
 import time
 from datetime import UTC, datetime
+from numbers import Integral
 
 import numpy as np
 import torch
@@ -43,6 +44,7 @@ from .._gc import collector_paused
 from ..policy import BatchPolicy
 from ..service import ProfileService
 from .models import InputSpec, model_device, resolve_device
+from .runners import checked_output
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -66,7 +68,8 @@ def profile_model(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats: 
     of a model whose rounds are short (see ``_time_batches``).
     """
     spec, sizes, repeats, dev = _setup(model, batch_sizes, device, repeats, input_spec)
-    warmup = int(_check.non_negative("warmup", warmup))
+    if isinstance(warmup, bool) or not isinstance(warmup, Integral) or warmup < 0:
+        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
     min_duration_s = _check.non_negative("min_duration_s", min_duration_s)
     with collector_paused():
         return _on_own_thread(_measure_model, model, spec, dev, sizes, repeats, warmup,
@@ -128,6 +131,8 @@ def profile_batcher(model_or_batcher, batch_sizes=DEFAULT_BATCH_SIZES, device=No
     min_duration_s = _check.non_negative("min_duration_s", min_duration_s)
     samples_ms = [[] for _ in sizes]
     with collector_paused():
+        for b in sizes:
+            _check_rows(model, spec.random(b).to(dev))
         start_s = time.perf_counter()
         while not samples_ms[0] or time.perf_counter() - start_s < min_duration_s:
             for timed, b in zip(samples_ms, sizes, strict=True):
@@ -143,7 +148,8 @@ def _setup(model, batch_sizes, device, repeats, input_spec):
     if not isinstance(spec, InputSpec):
         raise ValueError(f"input_spec must be an InputSpec (or the model's input_spec "
                          f"attribute), got {spec!r}")
-    sizes = sorted({_check.positive_int("batch_sizes", b) for b in batch_sizes})
+    sizes = sorted({_check.positive_int("batch_sizes", b)
+                    for b in np.atleast_1d(np.asarray(batch_sizes, dtype=object)).tolist()})
     if not sizes:
         raise ValueError(f"batch_sizes must not be empty, got {batch_sizes!r}")
     repeats = _check.positive_int("repeats", repeats)
@@ -183,7 +189,6 @@ def _saturated(model_or_batcher, spec: InputSpec, dev: torch.device, b: int, bat
     (``bench/probe_profile_release.py``).
     """
     from .batcher import one_worker
-    from .loadgen import _settle
 
     batcher = one_worker(model_or_batcher, BatchPolicy(b, float("inf")), device=dev,
                          input_spec=spec)
@@ -191,9 +196,18 @@ def _saturated(model_or_batcher, spec: InputSpec, dev: torch.device, b: int, bat
 
     async def serve():
         await batcher.start(warmup=True)
+        failed = []  # the first error only: keeping the futures would keep their outputs
+
+        def settle(fut):
+            if fut.exception() is not None and not failed:
+                failed.append(fut.exception())
+
         for i in range(batches * b):
-            batcher.submit_nowait(rows[i % len(rows)]).add_done_callback(_settle)
+            batcher.submit_nowait(rows[i % len(rows)]).add_done_callback(settle)
         await batcher.close()
+        if failed:  # a profile of failures would time the error path
+            raise ValueError(f"the model failed while served in batches of {b}: "
+                             f"{type(failed[0]).__name__}: {failed[0]}") from failed[0]
         return batcher.result()
 
     return run_to_completion(serve)
@@ -238,17 +252,23 @@ def _time_batches(model, spec: InputSpec, dev: torch.device, sizes: list[int], r
 
 def _step(model, spec: InputSpec, dev: torch.device, b: int, copies: bool):
     """One batch of ``b`` through ``model``, to the end: with ``copies``, from pinned
-    host memory to the device and back, as a CUDA worker of the batcher does."""
+    host memory to the device and back, as a CUDA worker of the batcher does. Its first
+    run (untimed: each size runs once before it is timed) refuses a model that does not
+    return one row per input (``TypeError``)."""
     cuda = dev.type == "cuda"
     host_in = spec.random(b, pin_memory=cuda)
     dev_in = host_in.to(dev)
     host_out = None
+    checked = False
 
     def step():
-        nonlocal host_out
+        nonlocal host_out, checked
         if copies:
             dev_in.copy_(host_in, non_blocking=True)
         out = model(dev_in)
+        if not checked:
+            checked_output(out, b)
+            checked = True
         if copies:
             if host_out is None:
                 host_out = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
@@ -257,6 +277,14 @@ def _step(model, spec: InputSpec, dev: torch.device, b: int, copies: bool):
             torch.cuda.synchronize(dev)
 
     return step
+
+
+def _check_rows(model, x: torch.Tensor) -> None:
+    """Run ``model`` once on the batch ``x``, untimed: a ``TypeError`` if it does not
+    return one row per input (a batcher would split such a batch down to single
+    requests, and a profile would time that)."""
+    with torch.no_grad():
+        checked_output(model(x), len(x))
 
 
 def _batcher_costs_ms(model, spec: InputSpec, dev: torch.device, b: int, s_ms: float,
