@@ -16,9 +16,6 @@ from .policy import BatchPolicy
 from .result import PERCENTILES  # the latency percentiles recommend can hold to an SLO
 from .sweep import sweep
 
-#: Throughputs within this fraction of the best feasible one count as equal: runs that
-#: serve the same arrivals in full differ only by when the last batch ends.
-THROUGHPUT_RTOL = 0.01
 #: Default waits to try, as fractions of the SLO (0 is greedy batching).
 WAIT_FRACTIONS = (0.0, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2)
 
@@ -63,9 +60,10 @@ def recommend(workload, service, slo_ms: float, percentile: float = 99, workers=
     at the workload's own rate (``seeds`` runs each, averaged; the first 10% of each run
     is left out as warm-up). A configuration *meets the SLO* when its latency at
     ``percentile`` is at most ``slo_ms`` and the offered rate is below its capacity (so
-    the queue does not grow without bound). Among those, the choice has the highest
-    throughput, then the fewest workers, then the lowest latency. ``max_wait_ms``
-    defaults to 0 and 1/32 ... 1/2 of the SLO.
+    the queue does not grow without bound). Each of those serves every request, so their
+    throughputs differ only by when a finite run's last batch ends: the choice has the
+    fewest workers, then the lowest latency. ``max_wait_ms`` defaults to 0 and 1/32 ...
+    1/2 of the SLO.
     """
     slo = _check.positive("slo_ms", slo_ms)
     if percentile not in PERCENTILES:
@@ -105,14 +103,11 @@ def recommend(workload, service, slo_ms: float, percentile: float = 99, workers=
 
 
 def _ranked(ev, latency):
-    """Feasible first: highest throughput (within THROUGHPUT_RTOL), fewest workers, lowest
-    latency, then smaller batches and waits; then the rest by latency."""
-    top = ev.loc[ev["meets_slo"], "throughput_rps"].max()
-    tier = np.where(ev["meets_slo"],
-                    np.where(ev["throughput_rps"] >= (1 - THROUGHPUT_RTOL) * top, 0, 1), 2)
+    """Feasible first: fewest workers, lowest latency, then smaller batches and waits;
+    then the rest by latency."""
+    feasible = ev["meets_slo"].to_numpy()
     order = np.lexsort((ev["max_wait_ms"], ev["max_batch_size"], ev[latency].to_numpy(),
-                        np.where(tier < 2, ev["workers"], 0),
-                        np.where(tier == 1, -ev["throughput_rps"].to_numpy(), 0.0), tier))
+                        np.where(feasible, ev["workers"], 0), ~feasible))
     return ev.iloc[order].reset_index(drop=True)
 
 
