@@ -26,8 +26,9 @@
 #          encoder 3.5, the CNN 1.5; outside HARD_S): the simulator calibrated on the
 #          encoder and the CNN at bfloat16 against the real batcher, quick grid, Poisson
 #          (two seeds) and bursts, and a second calibration after the grid, with the
-#          process on CPUs BATCHSIM_GPU_CPUS (default 2-7, where the machine has 8 or
-#          more; empty: wherever the OS puts its threads), each kept awake by a spinner
+#          process on CPUs BATCHSIM_GPU_CPUS (default: the third to eighth of its CPUs,
+#          2-7 on most machines, where it has 8 or more, as the pinning and one-worker
+#          parts; empty: wherever the OS puts its threads), each kept awake by a spinner
 #          at the lowest priority (bench_fidelity.py --cpu; bench/results/README.md: on
 #          an H200 it took the calibration's size-by-idle pattern away and halved the
 #          spread of the rows' speeds) -> $OUT/fidelity_<model>_bfloat16.json, and both
@@ -55,10 +56,10 @@
 # Needs python with torch and numpy; no install: run from anywhere.
 #   OUT=/some/dir bash bench/gpu_session.sh                      # on a GPU machine
 #   BATCHSIM_GPU_DRY=1 OUT=/tmp/x bash bench/gpu_session.sh      # CPU dry run, seconds
-# BATCHSIM_GPU_PACK=1: the parts write under $OUT/parts, packed into $OUT/all.tar.gz after
-# each part, for a lent machine that hands back only a few of the files under $OUT, and
-# at most 16 MB each (the fidelity part's pickles stay beside the archive; remove
-# $OUT/parts after the script, so that those files are what comes back).
+# BATCHSIM_GPU_PACK=1: the parts write under a temporary folder, packed into
+# $OUT/all.tar.gz (as parts/...) after each part, for a lent machine that hands back only a
+# few of the files under $OUT, and at most 16 MB each; the fidelity part's pickles stay
+# beside the archive. So $OUT holds only those, even when the command is cut off midway.
 set -u
 start=$SECONDS
 cd "$(dirname "$0")/.."
@@ -66,10 +67,22 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-bench/results}
 PACKED=$OUT
-if [ "${BATCHSIM_GPU_PACK:-0}" = 1 ]; then OUT=$OUT/parts; fi
-pack() {
-    if [ "${BATCHSIM_GPU_PACK:-0}" = 1 ]; then tar -czf "$PACKED/all.tar.gz" -C "$PACKED" parts; fi
+mkdir -p "$PACKED"
+if [ "${BATCHSIM_GPU_PACK:-0}" = 1 ]; then
+    PARTS_ROOT=$(mktemp -d)
+    trap 'rm -rf "$PARTS_ROOT"' EXIT
+    OUT=$PARTS_ROOT/parts
+fi
+pack() {  # the new archive replaces the old one whole: a cut-off tar leaves the last
+    if [ "${BATCHSIM_GPU_PACK:-0}" = 1 ]; then
+        tar -czf "$PACKED/.all.tar.gz.new" -C "$PARTS_ROOT" parts &&
+            mv "$PACKED/.all.tar.gz.new" "$PACKED/all.tar.gz"
+    fi
 }
+# The third to eighth of this process's CPUs, where it has 8 or more (the first two left to
+# the machine's own work); numbered as the OS numbers them, which need not start at 0.
+SIX_CPUS=$("$PYTHON" -c 'import os; c = sorted(os.sched_getaffinity(0))
+print(",".join(map(str, c[2:8])) if len(c) >= 8 else "")')
 BUDGET_S=${BUDGET_S:-165}
 HARD_S=${HARD_S:-195}
 DRY=()
@@ -125,7 +138,7 @@ for bench in "${benches[@]}"; do
     else
         runs=(encoder cnn) ARGS=(--device cuda --dtype bfloat16)
         if [ "$bench" = thread_pinning ]; then ARGS+=(--size default); fi
-        if [ "$(nproc)" -ge 8 ]; then ARGS+=(--cpu 2-7); fi
+        if [ -n "$SIX_CPUS" ]; then ARGS+=(--cpu "$SIX_CPUS"); fi
     fi
     for model in "${runs[@]}"; do
         timeout -k 5 150 "$PYTHON" "bench/bench_${bench}.py" --model "$model" "${ARGS[@]}" \
@@ -144,7 +157,7 @@ if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then
     else
         dtype=bfloat16 FID=(--device cuda --size default)
         if [ "${BATCHSIM_GPU_PIPELINE:-1}" = 0 ]; then FID+=(--no-pipeline); fi
-        if [ "$(nproc)" -ge 8 ]; then cpus=${BATCHSIM_GPU_CPUS-2-7}; else cpus=""; fi
+        cpus=${BATCHSIM_GPU_CPUS-$SIX_CPUS}
         if [ -n "$cpus" ]; then PIN=(--cpu "$cpus"); fi
         if [ -n "$cpus" ] && [ "${BATCHSIM_GPU_PIN_THREADS:-0}" = 1 ]; then
             PIN+=(--pin-threads)

@@ -474,6 +474,26 @@ def test_close_with_drain_finishes_everything_queued(pipeline):
     assert res.size.tolist() == [4, 4, 2] and res.trigger[-1] == rule.FLUSH
 
 
+def test_close_lets_the_buffers_go_without_a_garbage_collection(pipeline):
+    """A batcher and its runner refer to each other: close() drops the slots' buffers
+    and graphs itself (on CUDA, pinned host and device memory; profiles pause the
+    collector), rather than leaving them to the next collection."""
+    import gc
+    import weakref
+
+    async def main():
+        async with DynamicBatcher(Affine(), bs.BatchPolicy(4, 0.0), pipeline=pipeline) as b:
+            await asyncio.gather(*(b.submit(x) for x in inputs(8)))
+            return b, weakref.ref(b._runner.slots[0].staging)
+
+    gc.disable()
+    try:
+        b, staging = run(main())
+        assert staging() is None and b._runner.slots[0].staging is None
+    finally:
+        gc.enable()
+
+
 def test_lifecycle_errors():
     b = DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0))
     with pytest.raises(BatcherClosedError, match="before start"):

@@ -59,9 +59,17 @@ def test_bench_runs_only_the_configurations_named(tmp_path):
     assert [(r["model"], r["max_batch_size"]) for r in report["results"]] == [("mlp", 8)]
 
 
+def unpacked(archive: Path, folder: Path) -> Path:
+    """The ``parts`` folder of a ``BATCHSIM_GPU_PACK=1`` archive, extracted."""
+    with tarfile.open(archive) as packed:
+        packed.extractall(folder, filter="data")
+    return folder / "parts"
+
+
 def test_session_script_skips_the_bench_and_measures_placements_packed(tmp_path):
-    """``BATCHSIM_GPU_PACK=1``: the parts write under ``$OUT/parts``, packed into one
-    ``$OUT/all.tar.gz`` (a device machine may hand back only a few files). Placements of
+    """``BATCHSIM_GPU_PACK=1``: the parts write under a temporary folder, packed into one
+    ``$OUT/all.tar.gz`` (a device machine may hand back only a few files), which is all
+    ``$OUT`` holds. Placements of
     the threads, and batcher after batcher with them pinned or not
     (``BATCHSIM_GPU_PINNING=1``), or with one worker through the pipeline or a thread
     (``BATCHSIM_GPU_ONE_WORKER=1``)."""
@@ -72,18 +80,16 @@ def test_session_script_skips_the_bench_and_measures_placements_packed(tmp_path)
                          capture_output=True, text=True, timeout=300, check=True).stdout
     assert "bench exit" not in log and "placement exit 0" in log
     assert "thread_pinning mlp exit 0" in log and "one_worker mlp exit 0" in log
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["all.tar.gz", "parts"]
-    with tarfile.open(tmp_path / "all.tar.gz") as packed:
-        assert {"parts/placement.log", "parts/placement_gpu_cpu.json",
-                "parts/thread_pinning_mlp.json", "parts/one_worker_mlp.json"} <= set(
-                    packed.getnames())
-    pinning = json.loads((tmp_path / "parts" / "thread_pinning_mlp.json").read_text())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["all.tar.gz"]
+    parts = unpacked(tmp_path / "all.tar.gz", tmp_path / "unpacked")
+    assert {"placement.log", "placement_gpu_cpu.json", "thread_pinning_mlp.json",
+            "one_worker_mlp.json"} <= {p.name for p in parts.iterdir()}
+    pinning = json.loads((parts / "thread_pinning_mlp.json").read_text())
     assert set(pinning["configs"]) == {"b8_w1_load0.2", "b32_w0_load0.5"}
-    one_worker = json.loads((tmp_path / "parts" / "one_worker_mlp.json").read_text())
+    one_worker = json.loads((parts / "one_worker_mlp.json").read_text())
     assert one_worker["model"] == "standin-mlp" and {
         arm: s["batchers"] for arm, s in one_worker["configs"]["b8_w1_load0.2"]["summary"].items()
     } == {"pipeline": 2, "thread": 2}
-    parts = tmp_path / "parts"
     assert not (parts / "bench_gpu_cpu.json").exists()
     report = json.loads((parts / "placement_gpu_cpu.json").read_text())
     placements = {"all CPUs", "1 CPU", "2 CPUs", "4 CPUs", "all, switch 0.5 ms"}
@@ -105,20 +111,19 @@ def test_session_script_measures_fidelity_and_takes_the_batches_apart_packed(tmp
            "BATCHSIM_GPU_PAIR": "1"}
     log = subprocess.run(["bash", "bench/gpu_session.sh"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600, check=True).stdout
-    with tarfile.open(tmp_path / "all.tar.gz") as packed:
-        names = set(packed.getnames())
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "all.tar.gz", "fidelity_cnn_os_placed_runs.pkl.gz", "fidelity_cnn_runs.pkl.gz",
-        "fidelity_encoder_runs.pkl.gz", "parts"]
+        "fidelity_encoder_runs.pkl.gz"]
+    parts = unpacked(tmp_path / "all.tar.gz", tmp_path / "unpacked")
+    names = {f"parts/{p.name}" for p in parts.iterdir()}
     for model in ("encoder", "cnn", "cnn_os_placed"):
         assert f"fidelity {model} exit 0" in log and f"batch residuals {model} exit 0" in log
         assert f"backlog {model} exit 0" in log
         assert {f"parts/fidelity_{model}_float32.json",
                 f"parts/batch_residuals_{model}_float32.json",
                 f"parts/backlog_{model}_float32.json"} <= names
-        backlogs = json.loads((tmp_path / "parts" / f"backlog_{model}_float32.json").read_text())
+        backlogs = json.loads((parts / f"backlog_{model}_float32.json").read_text())
         assert set(backlogs) == {"poisson", "poisson-seed2", "bursty"}
-        report = json.loads((tmp_path / "parts" / f"batch_residuals_{model}_float32.json")
-                            .read_text())
+        report = json.loads((parts / f"batch_residuals_{model}_float32.json").read_text())
         assert set(report) == {"calibration_runs", "poisson", "poisson-seed2", "bursty"}
         assert report["poisson"]["row_speeds"]["rows"] == 12

@@ -153,6 +153,12 @@ class Slot:
         self.graphs: Graphs | None = None
         self.pool = None  # the memory pool its graphs share
 
+    def release(self) -> None:
+        """Let its buffers and graphs go now: a closed batcher and its runner refer to
+        each other, so without this they would wait for a garbage collection (which
+        profiles and runs pause), holding pinned host and device memory."""
+        self.staging = self.device_in = self.graphs = self.pool = None
+
 
 class HostSteps:
     """How one batch runs on the CPU (or another device the model copies to itself).
@@ -246,8 +252,11 @@ class CudaSteps(HostSteps):
 
     def allocate(self, slot: Slot) -> None:
         super().allocate(slot)
-        slot.device_in = torch.zeros(slot.staging.shape, dtype=slot.staging.dtype,
-                                     device=self.batcher.device)  # finite pad rows
+        # Zeroed on the slot's stream, which every later copy into it uses: on the
+        # thread's default stream, nothing would order the fill before the first copy.
+        with torch.cuda.stream(slot.stream):
+            slot.device_in = torch.zeros(slot.staging.shape, dtype=slot.staging.dtype,
+                                         device=self.batcher.device)  # finite pad rows
 
     def graph_input(self, slot: Slot) -> torch.Tensor:
         return slot.device_in
@@ -322,6 +331,12 @@ class Runner:
         raise NotImplementedError
 
     def stop(self) -> None:
+        """Stop the threads once they have run what they were given; let the buffers go."""
+        self._join()
+        for slot in self.slots:
+            slot.release()
+
+    def _join(self) -> None:
         raise NotImplementedError
 
     async def warmup(self, capture: bool = False) -> list:
@@ -392,7 +407,7 @@ class ThreadRunner(Runner):
     def put(self, worker: int, k, xs, futs) -> None:
         self.inboxes[worker].put((k, xs, futs))
 
-    def stop(self) -> None:
+    def _join(self) -> None:
         for inbox in self.inboxes:
             inbox.put(None)
         for thread in self.threads:
@@ -437,7 +452,7 @@ class PipelineRunner(Runner):
     def put(self, worker: int, k, xs, futs) -> None:
         self.inboxes[worker].put((k, xs, futs))
 
-    def stop(self) -> None:
+    def _join(self) -> None:
         for inbox in self.inboxes:
             inbox.put(None)
         for thread in self.threads[:-2]:
