@@ -65,8 +65,9 @@ def summarize(by_length: dict) -> dict:
         p50s = np.array([[c["predictions"][k][0] for k in configs] for c in cals])
         times = np.array([c["times_ms"] for c in cals])
         out[length] = {"calibrations": len(cals),
-                       "median_p50_cv": float(np.median(p50s.std(axis=0, ddof=1)
-                                                        / p50s.mean(axis=0))),
+                       "median_p50_cv": (float(np.median(p50s.std(axis=0, ddof=1)
+                                                         / p50s.mean(axis=0)))
+                                         if len(cals) > 1 else None),  # needs two
                        "median_p50_spread": float(np.median(p50)),
                        "median_p99_spread": float(np.median(p99)),
                        "max_p50_spread": float(np.max(p50)),
@@ -123,10 +124,11 @@ def main() -> None:
         if args.out:    # after every round, so that a run cut short keeps what it made
             write(args, varied, by_length, time.perf_counter() - t0)
     for length, s in summarize(by_length).items():
+        cv = "n/a" if s["median_p50_cv"] is None else f"{s['median_p50_cv']:.1%}"
         print(f"{varied}={length:g}: {s['calibrations']} calibrations predict p50s "
               f"{s['median_p50_spread']:.1%} apart, largest over smallest (median over "
               f"configurations; largest {s['max_p50_spread']:.1%}; coefficient of "
-              f"variation {s['median_p50_cv']:.1%}), p99s {s['median_p99_spread']:.1%}; s(b) "
+              f"variation {cv}), p99s {s['median_p99_spread']:.1%}; s(b) "
               f"{np.round(100 * np.array(s['s_b_spread']), 1).tolist()}% apart by size",
               flush=True)
 

@@ -11,6 +11,7 @@ on, is shown for information: queue bounds and timeouts cost rule calls per batc
     .venv/bin/python bench/bench_fast.py
 """
 
+import argparse
 import gc
 import statistics
 import sys
@@ -76,4 +77,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__,  # --help; no options
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     sys.exit(main())

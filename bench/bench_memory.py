@@ -8,6 +8,7 @@ batchsim and draws nothing is shown as the baseline. Exit code 1 if a case misse
     .venv/bin/python bench/bench_memory.py
 """
 
+import argparse
 import subprocess
 import sys
 
@@ -55,4 +56,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__,  # --help; no options
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     sys.exit(main())

@@ -51,7 +51,7 @@ def child(where: str, repeats: int) -> None:
         profile_model(model, SIZES, repeats=20, overhead=False)
     else:
         spec, sizes, reps, dev = _setup(model, SIZES, None, 20, None)
-        _measure_model(model, spec, dev, sizes, reps, 3, True, False)
+        _measure_model(model, spec, dev, sizes, reps, 3, True, False, 0.0)
     after = throughput_rps()
     print(json.dumps({"where": where, "before_rps": before, "after_rps": after}))
 

@@ -6,6 +6,7 @@ machine. Prints the median of 5 runs per configuration.
     .venv/bin/python bench/bench_sim.py
 """
 
+import argparse
 import statistics
 import time
 
@@ -40,4 +41,6 @@ def main():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__,  # --help; no options
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

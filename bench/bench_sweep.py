@@ -9,6 +9,7 @@ median misses the target.
     .venv/bin/python bench/bench_sweep.py
 """
 
+import argparse
 import os
 import statistics
 import sys
@@ -57,4 +58,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__,  # --help; no options
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     sys.exit(main())

@@ -53,9 +53,11 @@
 # Each part is its own process under its own time limit, and every JSON is written as soon as
 # its numbers exist, so a failure or a timeout keeps everything measured before it. A CUDA
 # graph capture that fails falls back to the eager model and is reported in the JSON and log.
-# Needs python with torch and numpy; no install: run from anywhere.
+# Needs $PYTHON (default python3) with torch and numpy; no install: run from anywhere.
+# Exits 1 if any part failed (the others still ran).
 #   OUT=/some/dir bash bench/gpu_session.sh                      # on a GPU machine
-#   BATCHSIM_GPU_DRY=1 OUT=/tmp/x bash bench/gpu_session.sh      # CPU dry run, seconds
+#   PYTHON=.venv/bin/python BATCHSIM_GPU_DRY=1 OUT=/tmp/x bash bench/gpu_session.sh
+#                                                                # CPU dry run, seconds
 # BATCHSIM_GPU_PACK=1: the parts write under a temporary folder, packed into
 # $OUT/all.tar.gz (as parts/...) after each part, for a lent machine that hands back only a
 # few of the files under $OUT, and at most 16 MB each; the fidelity part's pickles stay
@@ -83,6 +85,11 @@ pack() {  # the new archive replaces the old one whole: a cut-off tar leaves the
 # the machine's own work); numbered as the OS numbers them, which need not start at 0.
 SIX_CPUS=$("$PYTHON" -c 'import os; c = sorted(os.sched_getaffinity(0))
 print(",".join(map(str, c[2:8])) if len(c) >= 8 else "")')
+FAILED=0
+ended() {  # a part's name and exit code: said in the log, and in the script's own exit code
+    echo "$1 exit $2 after $((SECONDS - start)) s"
+    if [ "$2" != 0 ]; then FAILED=1; fi
+}
 BUDGET_S=${BUDGET_S:-165}
 HARD_S=${HARD_S:-195}
 DRY=()
@@ -108,7 +115,7 @@ if [ "${BATCHSIM_GPU_BENCH:-1}" = 1 ]; then
          "${budget} s, killed after ${left} s) =="
     timeout -k 5 "$left" "$PYTHON" bench/bench_gpu.py bench --out-dir "$OUT" \
         --budget-s "$budget" "${DRY[@]}" 2>&1 | tee "$OUT/bench.log"
-    echo "bench exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+    ended "bench" "${PIPESTATUS[0]}"
     pack
 fi
 
@@ -116,7 +123,7 @@ if [ "${BATCHSIM_GPU_PLACEMENT:-0}" = 1 ]; then
     echo "== placement: the batcher's threads on all CPUs, 1, 2 or 4 =="
     timeout -k 5 150 "$PYTHON" bench/bench_gpu_placement.py --out-dir "$OUT" "${DRY[@]}" \
         2>&1 | tee "$OUT/placement.log"
-    echo "placement exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+    ended "placement" "${PIPESTATUS[0]}"
     pack
 fi
 
@@ -124,7 +131,7 @@ if [ "${BATCHSIM_GPU_PROFILES:-0}" = 1 ]; then
     echo "== profiles and the reference check =="
     timeout -k 5 130 "$PYTHON" bench/bench_gpu.py profiles --out-dir "$OUT" "${DRY[@]}" \
         2>&1 | tee "$OUT/profiles.log"
-    echo "profiles exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+    ended "profiles" "${PIPESTATUS[0]}"
     pack
 fi
 
@@ -143,7 +150,7 @@ for bench in "${benches[@]}"; do
     for model in "${runs[@]}"; do
         timeout -k 5 150 "$PYTHON" "bench/bench_${bench}.py" --model "$model" "${ARGS[@]}" \
             --out "$OUT/${bench}_${model}.json" 2>&1 | tee "$OUT/${bench}_${model}.log"
-        echo "$bench $model exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+        ended "$bench $model" "${PIPESTATUS[0]}"
         pack
     done
 done
@@ -177,23 +184,24 @@ if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then
             --dtype "$dtype" --workloads poisson,poisson-seed2,bursty --recalibrate "${args[@]}" \
             --out "$OUT/fidelity_${name}_${dtype}.json" \
             --save-runs "$pickle" 2>&1 | tee "$OUT/fidelity_${name}.log"
-        echo "fidelity $name exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+        ended "fidelity $name" "${PIPESTATUS[0]}"
         if [ -n "$sampler" ]; then
             kill "$sampler"; wait "$sampler" 2>/dev/null
             timeout -k 5 60 "$PYTHON" bench/bench_gpu_clocks.py "$pickle" "$clocks" \
                 --out "$OUT/gpu_clocks_${name}_${dtype}.json" \
                 > "$OUT/gpu_clocks_${name}_${dtype}.log" 2>&1
-            echo "gpu clocks $name exit $?"
+            ended "gpu clocks $name" "$?"
         fi
         timeout -k 5 60 "$PYTHON" bench/bench_batch_residuals.py \
             "$pickle" --out "$OUT/batch_residuals_${name}_${dtype}.json" \
             > "$OUT/batch_residuals_${name}_${dtype}.log" 2>&1
-        echo "batch residuals $name exit $?"
+        ended "batch residuals $name" "$?"
         timeout -k 5 60 "$PYTHON" bench/bench_backlog.py \
             "$pickle" --out "$OUT/backlog_${name}_${dtype}.json" \
             > "$OUT/backlog_${name}_${dtype}.log" 2>&1
-        echo "backlog $name exit $?"
+        ended "backlog $name" "$?"
         pack
     done
 fi
 ls -l "$OUT"
+exit "$FAILED"  # 1 if any part failed (each part still ran, and kept what it made)

@@ -127,3 +127,12 @@ def test_session_script_measures_fidelity_and_takes_the_batches_apart_packed(tmp
         report = json.loads((parts / f"batch_residuals_{model}_float32.json").read_text())
         assert set(report) == {"calibration_runs", "poisson", "poisson-seed2", "bursty"}
         assert report["poisson"]["row_speeds"]["rows"] == 12
+
+
+def test_session_script_exits_1_when_a_part_failed(tmp_path):
+    """A part that fails is said in the log and in the script's exit code (the others
+    still run): here every part, with a Python that fails at once."""
+    env = {**os.environ, "BATCHSIM_GPU_DRY": "1", "OUT": str(tmp_path), "PYTHON": "false"}
+    done = subprocess.run(["bash", "bench/gpu_session.sh"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "bench exit 1" in done.stdout
