@@ -173,7 +173,9 @@ def refit(service: CalibratedService, runs: list) -> CalibratedService:
         raise ValueError(f"service must be a CalibratedService, got {service!r}")
     if not runs or not all(isinstance(r, RunResult) for r in runs):
         raise ValueError(f"runs must be a non-empty list of RunResults, got {runs!r}")
-    refitted = _fitted(service.model, runs, service.costs, service.metadata)
+    # The capacity check was of the old costs: made again below where the runs allow.
+    metadata = {k: v for k, v in service.metadata.items() if k != "capacity_ratio"}
+    refitted = _fitted(service.model, runs, service.costs, metadata)
     if "saturated_rps" in runs[0].meta:        # a calibration's runs: check capacity again
         refitted.metadata["capacity_ratio"] = capacity_check(
             refitted, runs[0].meta["policy"].max_batch_size, runs[0].meta["saturated_rps"])
@@ -346,11 +348,20 @@ WARM_BATCHES = 2
 def _batches(res: RunResult) -> tuple[np.ndarray, ...]:
     """Per batch of ``res`` but its first ``WARM_BATCHES``: its size, the time it held
     its worker (ms), the requests received during it and how long (ms) its worker went
-    without a batch before it (from the end of the worker's previous batch; one worker)."""
-    keep = slice(WARM_BATCHES, None)
+    without a batch before it (from the end of the worker's previous batch; one worker).
+    A batch that never ended (a batcher closed without draining) is left out."""
     last_end_s = np.r_[-np.inf, res.end_s[:-1]]
+    keep = _kept_batches(res)
     return (res.size[keep], 1e3 * (res.end_s - res.start_s)[keep],
             _received_during(res)[keep], 1e3 * (res.start_s - last_end_s)[keep])
+
+
+def _kept_batches(res: RunResult) -> np.ndarray:
+    """Which batches of ``res`` a fit reads: all but the first ``WARM_BATCHES`` (they
+    warm the worker up) and any that never ended."""
+    keep = np.isfinite(res.end_s)
+    keep[:WARM_BATCHES] = False
+    return keep
 
 
 def _typical_ms(service: CalibratedService, b, during, idle_ms) -> np.ndarray:
@@ -398,7 +409,7 @@ def batch_residuals(service: CalibratedService, res: RunResult):
         raise ValueError(f"res must have more than {WARM_BATCHES} batches, got "
                          f"{res.size.size}")
     typical_ms = _spread_median(service) * _typical_ms(service, b, during, idle)
-    keep = slice(WARM_BATCHES, None)
+    keep = _kept_batches(res)
     start_s = res.start_s[keep]
     phases_s = (res.meta["batch_phases_s"][keep] if "batch_phases_s" in res.meta
                 else np.full((b.size, 3), np.nan))

@@ -962,3 +962,37 @@ def test_simulate_refuses_jitter_for_a_calibrated_service(tmp_path, capsys):
                  "--jitter-cv", "0.1"]) == 2
     assert ("--jitter-cv applies to affine and profile services, not the CalibratedService"
             in capsys.readouterr().err)
+
+
+def _self_simulated_runs(known):
+    """Runs of the calibration's kind, simulated with ``known`` itself."""
+    rate = known.capacity_rps(8)
+    return [bs.simulate(bs.Poisson(load * rate), bs.BatchPolicy(8, wait_ms), known,
+                        n_requests=800, seed=k, sender="loop")
+            for k, (load, wait_ms) in enumerate([(0.05, 0.0), (0.3, 0.0), (0.3, 4.0),
+                                                 (0.7, 0.0)])]
+
+
+def test_refit_drops_a_capacity_check_it_cannot_make_again():
+    """Simulated runs carry no saturated throughput: the old costs' check goes."""
+    known = CalibratedService(bs.AffineService(0.1, 0.01), 0.1, 0.01, (),
+                              BatcherCosts(0.02, 0.02, 0.0, 1.0, 0.1),
+                              {"model": "known", "capacity_ratio": 0.2})
+    refitted = refit(known, _self_simulated_runs(known))
+    assert "capacity_ratio" not in refitted.metadata
+    assert refitted.metadata["model"] == "known"
+
+
+def test_a_batch_that_never_ended_is_left_out_of_the_fit_and_the_speed():
+    """A batcher closed without draining leaves its last batch without an end: the
+    fit and ``worker_time_ratio`` read the batches that ended (here, spread-free runs
+    simulated with the calibration itself: the ratio is 1)."""
+    known = CalibratedService(bs.AffineService(0.1, 0.01), 0.1, 0.01, (),
+                              BatcherCosts(0.02, 0.02, 0.0, 1.0, 0.1))
+    runs = _self_simulated_runs(known)
+    cut = runs[-1]
+    cut.end_s[-1] = np.nan
+    assert worker_time_ratio(known, cut) == pytest.approx(1.0, abs=1e-9)
+    refitted = refit(known, runs)
+    assert refitted.per_batch_ms == pytest.approx(known.per_batch_ms, rel=1e-3)
+    assert refitted.per_item_ms == pytest.approx(known.per_item_ms, rel=1e-3)
