@@ -206,7 +206,7 @@ class BatcherCosts:
             raise ValueError(f"give the release as a line (release_ms={self.release_ms}, "
                              f"release_per_item_ms={self.release_per_item_ms}) or as a "
                              f"table (release_sizes, release_table_ms), not both")
-        spread = np.asarray(self.release_spread_ms, float)
+        spread = _quantiles("release_spread_ms", self.release_spread_ms)
         if spread.size and (spread.size < 2 or not np.all(np.isfinite(spread))
                             or np.any(np.diff(spread) < 0)):
             raise ValueError(f"release_spread_ms must be at least two finite, non-decreasing "
@@ -329,12 +329,14 @@ class CalibratedService(ServiceModel):
                                                                      self.per_batch_ms))
         object.__setattr__(self, "per_item_ms", _check.non_negative("per_item_ms",
                                                                     self.per_item_ms))
-        q = np.asarray(self.jitter_quantiles, float)
+        q = _quantiles("jitter_quantiles", self.jitter_quantiles)
         if q.size and (q.size < 2 or not np.all(np.isfinite(q)) or q[0] <= 0
                        or np.any(np.diff(q) < 0)):
             raise ValueError(f"jitter_quantiles must be at least two positive, finite, "
                              f"non-decreasing numbers, got {self.jitter_quantiles!r}")
         object.__setattr__(self, "jitter_quantiles", tuple(q.tolist()))
+        if not isinstance(self.metadata, dict):
+            raise ValueError(f"metadata must be a dict, got {self.metadata!r}")
         object.__setattr__(self, "metadata", dict(self.metadata))
 
     def __eq__(self, other):
@@ -416,6 +418,18 @@ def quantile_at(q, p):
     a calibration are kept."""
     q = np.asarray(q, float)
     return np.interp(p, np.linspace(0.0, 1.0, q.size), q)
+
+
+def _quantiles(name: str, values) -> np.ndarray:
+    """``values`` as a flat array of floats (the checks of their order are the caller's);
+    else a ``ValueError`` naming ``name``."""
+    try:
+        q = np.asarray(values, float)
+    except (TypeError, ValueError):
+        q = None
+    if q is None or q.ndim > 1:
+        raise ValueError(f"{name} must be a sequence of numbers, got {values!r}")
+    return q.ravel()
 
 
 def _quantile_moment(q: np.ndarray, power: int) -> float:

@@ -254,11 +254,21 @@ def test_calibrated_service_saves_and_loads(tmp_path):
     ({"jitter_quantiles": (1.0,)}, "jitter_quantiles"),
     ({"jitter_quantiles": (2.0, 1.0)}, "jitter_quantiles"),
     ({"costs": {"react_ms": 1.0}}, "costs must be BatcherCosts"),
+    ({"jitter_quantiles": ("a", "b")}, "jitter_quantiles must be a sequence of numbers"),
+    ({"jitter_quantiles": [[0.9, 1.0], [1.0, 1.1]]},
+     "jitter_quantiles must be a sequence of numbers"),
+    ({"metadata": 3}, "metadata must be a dict, got 3"),
 ])
 def test_calibrated_service_refuses_bad_values(kwargs, match):
     args = {"model": bs.AffineService(1.0, 0.1), **kwargs}
     with pytest.raises(ValueError, match=match):
         CalibratedService(**args)
+
+
+def test_batcher_costs_name_a_spread_that_is_not_numbers():
+    with pytest.raises(ValueError, match="release_spread_ms must be a sequence of numbers, "
+                                         "got 'ab'"):
+        BatcherCosts(release_spread_ms="ab")
 
 
 # -- the engines apply it, identically --------------------------------------------------
