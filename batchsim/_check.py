@@ -44,6 +44,13 @@ def positive_int(name: str, value) -> int:
     return int(value)
 
 
+def non_negative_int(name: str, value) -> int:
+    """``value`` as an int >= 0 (a count that may be zero; floats are refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
 def one_of(name: str, value, choices) -> str:
     """``value`` if it is one of ``choices``."""
     if value not in choices:

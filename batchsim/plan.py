@@ -68,8 +68,7 @@ def recommend(workload, service, slo_ms: float, percentile: float = 99, workers=
     slo = _check.positive("slo_ms", slo_ms)
     if percentile not in PERCENTILES:
         raise ValueError(f"percentile must be one of {list(PERCENTILES)}, got {percentile!r}")
-    if isinstance(n_runner_ups, bool) or not isinstance(n_runner_ups, int) or n_runner_ups < 0:
-        raise ValueError(f"n_runner_ups must be an integer >= 0, got {n_runner_ups!r}")
+    n_runner_ups = _check.non_negative_int("n_runner_ups", n_runner_ups)
     waits = [f * slo for f in WAIT_FRACTIONS] if max_wait_ms is None else max_wait_ms
     runs = sweep(workload, service, max_batch_size, waits, workers=workers, seeds=seeds,
                  n_requests=n_requests, engine=engine, executor=executor, progress=progress,

@@ -99,7 +99,7 @@ class ProfileService(ServiceModel):
         sizes = [_check.positive_int("batch_sizes", b)
                  for b in np.atleast_1d(self.batch_sizes).tolist()]
         times = [_check.positive("times_ms", t)
-                 for t in np.atleast_1d(np.asarray(self.times_ms, float)).tolist()]
+                 for t in _numbers("times_ms", self.times_ms).tolist()]
         if not sizes:
             raise ValueError("batch_sizes must not be empty, got []")
         if len(sizes) != len(times):
@@ -206,7 +206,7 @@ class BatcherCosts:
             raise ValueError(f"give the release as a line (release_ms={self.release_ms}, "
                              f"release_per_item_ms={self.release_per_item_ms}) or as a "
                              f"table (release_sizes, release_table_ms), not both")
-        spread = _quantiles("release_spread_ms", self.release_spread_ms)
+        spread = _numbers("release_spread_ms", self.release_spread_ms)
         if spread.size and (spread.size < 2 or not np.all(np.isfinite(spread))
                             or np.any(np.diff(spread) < 0)):
             raise ValueError(f"release_spread_ms must be at least two finite, non-decreasing "
@@ -218,9 +218,9 @@ class BatcherCosts:
         """Check a table (``x_name``: positive, strictly increasing; ``y_name``: one
         non-negative value per point) and keep it as tuples of floats."""
         x = tuple(_check.positive(x_name, v)
-                  for v in np.atleast_1d(np.asarray(getattr(self, x_name), float)).tolist())
+                  for v in _numbers(x_name, getattr(self, x_name)).tolist())
         y = tuple(_check.non_negative(y_name, v)
-                  for v in np.atleast_1d(np.asarray(getattr(self, y_name), float)).tolist())
+                  for v in _numbers(y_name, getattr(self, y_name)).tolist())
         if len(x) != len(y):
             raise ValueError(f"{y_name} must have one entry per {x_name}: {len(x)} points, "
                              f"got {len(y)}")
@@ -329,7 +329,7 @@ class CalibratedService(ServiceModel):
                                                                      self.per_batch_ms))
         object.__setattr__(self, "per_item_ms", _check.non_negative("per_item_ms",
                                                                     self.per_item_ms))
-        q = _quantiles("jitter_quantiles", self.jitter_quantiles)
+        q = _numbers("jitter_quantiles", self.jitter_quantiles)
         if q.size and (q.size < 2 or not np.all(np.isfinite(q)) or q[0] <= 0
                        or np.any(np.diff(q) < 0)):
             raise ValueError(f"jitter_quantiles must be at least two positive, finite, "
@@ -420,9 +420,9 @@ def quantile_at(q, p):
     return np.interp(p, np.linspace(0.0, 1.0, q.size), q)
 
 
-def _quantiles(name: str, values) -> np.ndarray:
-    """``values`` as a flat array of floats (the checks of their order are the caller's);
-    else a ``ValueError`` naming ``name``."""
+def _numbers(name: str, values) -> np.ndarray:
+    """``values`` (numbers, or one number) as a flat array of floats (the checks of their
+    order and range are the caller's); else a ``ValueError`` naming ``name``."""
     try:
         q = np.asarray(values, float)
     except (TypeError, ValueError):

@@ -56,8 +56,7 @@ from .runners import warmup_sizes
 
 def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
              n_requests: int = 1000, seed=0, *, inputs=None, workers: int | None = None,
-             device=None,
-             poll_ms: float = 1.0, max_burst: int = 64, warmup: bool = True,
+             device=None, poll_ms: float = 1.0, max_burst: int = 64, warmup: bool = True,
              pause_gc: bool = True) -> RunResult:
     """Replay ``n_requests`` arrivals of ``workload`` (seeded) open loop against ``target``.
 
@@ -119,8 +118,8 @@ def run_load(target, workload: Workload, policy: BatchPolicy | None = None,
 
 def run_saturated(target, n_requests: int, policy: BatchPolicy | None = None, *,
                   inputs=None, window: int | None = None, workers: int | None = None,
-                  device=None,
-                  poll_ms: float = 1.0, warmup: bool = True, pause_gc: bool = True) -> RunResult:
+                  device=None, poll_ms: float = 1.0, warmup: bool = True,
+                  pause_gc: bool = True) -> RunResult:
     """Serve ``n_requests`` keeping ``window`` of them outstanding (closed loop).
 
     The default window, ``2 * (workers + 1) * max_batch_size``, keeps a full batch

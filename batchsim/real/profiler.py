@@ -33,7 +33,6 @@ import platform
 import re
 import time
 from datetime import UTC, datetime
-from numbers import Integral
 
 import numpy as np
 import torch
@@ -68,8 +67,7 @@ def profile_model(model, batch_sizes=DEFAULT_BATCH_SIZES, device=None, repeats: 
     of a model whose rounds are short (see ``_time_batches``).
     """
     spec, sizes, repeats, dev = _setup(model, batch_sizes, device, repeats, input_spec)
-    if isinstance(warmup, bool) or not isinstance(warmup, Integral) or warmup < 0:
-        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    warmup = _check.non_negative_int("warmup", warmup)
     min_duration_s = _check.non_negative("min_duration_s", min_duration_s)
     with collector_paused():
         return _on_own_thread(_measure_model, model, spec, dev, sizes, repeats, warmup,
