@@ -90,7 +90,8 @@ class RunResult:
         lat_ms = 1000.0 * self.latency_s[first:][done]
         t0 = self.arrival_s[first] if self.n_requests > first else 0.0
         finishes = self.finish_s[first:][done]
-        t1 = max(finishes.max() if finishes.size else t0, self.arrival_s[-1])
+        t1 = max(finishes.max() if finishes.size else t0,
+                 self.arrival_s[-1] if self.n_requests else t0)
         span_s = t1 - t0
         in_window = self.start_s >= t0
         busy = np.clip(self.end_s, t0, t1) - np.clip(self.start_s, t0, t1)

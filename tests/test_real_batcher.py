@@ -411,6 +411,22 @@ def test_a_bad_timeout_ms_is_refused_and_leaves_no_request_behind(bad, says):
     assert res.status.tolist() == [COMPLETED] and res.batch_id.tolist() == [0]
 
 
+def test_a_timeout_ms_per_request_keeps_no_more_than_a_bounded_cache():
+    """A caller passing each request's remaining budget sends a new value every time."""
+    from batchsim.real.batcher import _with_timeout
+
+    async def main():
+        async with DynamicBatcher(Affine(), bs.BatchPolicy(64, 0.0)) as b:
+            await asyncio.gather(*(b.submit_nowait(torch.zeros(4), timeout_ms=1e4 + i)
+                                   for i in range(1000)))
+        return b.result()
+
+    _with_timeout.cache_clear()
+    assert run(main()).status.tolist() == [COMPLETED] * 1000
+    info = _with_timeout.cache_info()
+    assert info.misses == 1000 and info.currsize == info.maxsize < 1000
+
+
 def test_cancelled_requests_are_skipped(pipeline):
     gate = threading.Event()
     model = Affine(gate=gate)

@@ -63,3 +63,11 @@ def test_to_pandas():
     requests, batches = hand_run().to_pandas()
     assert list(requests["status"]) == ["completed", "completed", "rejected", "expired"]
     assert list(batches["trigger"]) == ["size"] and batches["size"].tolist() == [2]
+
+
+def test_a_run_without_requests_summarises_to_nothing():
+    s = RunRecorder(np.array([]), workers=2).result().summary(slo_ms=10.0)
+    assert s["n_requests"] == s["n_completed"] == 0
+    assert np.isnan(s["throughput_rps"]) and np.isnan(s["latency_ms_p50"])
+    assert np.isnan(s["mean_batch_size"]) and np.isnan(s["goodput"])
+    assert s["utilization_per_worker"] == [0.0, 0.0]

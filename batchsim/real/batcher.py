@@ -32,6 +32,7 @@ cancellation by its caller; ``result()`` then returns the run as a ``RunResult``
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import math
 import time
@@ -103,6 +104,13 @@ class RunLog:
         return rec.result(**meta)
 
 
+@functools.lru_cache(maxsize=256)
+def _with_timeout(policy: BatchPolicy, timeout_ms: float) -> BatchPolicy:
+    """``policy`` with a request's own ``timeout_ms``. Cached, as callers tend to repeat a
+    few values; bounded, as a caller passing each request's remaining budget never does."""
+    return replace(policy, timeout_ms=timeout_ms)
+
+
 class DynamicBatcher:
     """Serve ``model_fn`` (batched tensor in, batched tensor out) under ``policy``.
 
@@ -168,7 +176,6 @@ class DynamicBatcher:
         self._timer_s = math.nan
         self._idle: asyncio.Future | None = None
         self._runner: Runner | None = None
-        self._timeout_policies: dict[float, BatchPolicy] = {}
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self, warmup: bool = False) -> DynamicBatcher:
@@ -365,12 +372,7 @@ class DynamicBatcher:
         before the request is logged, so that a refused one leaves no trace)."""
         if timeout_ms is None:
             return self.policy
-        timeout_ms = _check.non_negative("timeout_ms", timeout_ms)
-        pol = self._timeout_policies.get(timeout_ms)
-        if pol is None:
-            pol = replace(self.policy, timeout_ms=timeout_ms)
-            self._timeout_policies[timeout_ms] = pol
-        return pol
+        return _with_timeout(self.policy, _check.non_negative("timeout_ms", timeout_ms))
 
     # -- deciding, by the rule -----------------------------------------------------------
     def _ask_for_decision(self, *_):
