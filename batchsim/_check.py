@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
+
 
 def _real(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -37,6 +39,11 @@ def non_negative(name: str, value, *, allow_inf: bool = False) -> float:
     return v
 
 
+def non_negative_or_inf(name: str, value) -> float:
+    """``value`` as a float >= 0, infinity allowed (a wait that may be unbounded)."""
+    return non_negative(name, value, allow_inf=True)
+
+
 def positive_int(name: str, value) -> int:
     """``value`` as an int >= 1; floats such as 4.0 are refused (a batch size is a count)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
@@ -56,3 +63,14 @@ def one_of(name: str, value, choices) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
     return value
+
+
+def values(name: str, value, check) -> list:
+    """``value`` (a list, array or single value) as a list, each checked by ``check``;
+    not empty. A grid's axis: ``max_batch_size=16`` is the grid of one size."""
+    if isinstance(value, (str, bytes)) or not np.iterable(value):
+        value = [value]
+    value = list(value)
+    if not value:
+        raise ValueError(f"{name} must hold at least one value, got []")
+    return [check(name, v) for v in value]

@@ -71,22 +71,19 @@ def _calibrated(service) -> CalibratedService:
 
 
 def checked_grid(max_batch_size, max_wait_ms, load, n_requests: int = 2000,
-                 duration_s: float | None = None, seed: int = 0) -> list[BatchPolicy]:
+                 duration_s: float | None = None,
+                 seed: int = 0) -> tuple[list[BatchPolicy], list[float]]:
     """``fidelity``'s arguments checked before anything runs (a ``ValueError`` naming
     the parameter and the value): the policies of max_batch_size x max_wait_ms, in the
-    grid's order."""
-    grid = {"max_batch_size": max_batch_size, "max_wait_ms": max_wait_ms, "load": load}
-    for name, values in grid.items():
-        if isinstance(values, str) or not np.iterable(values) or len(values) == 0:
-            raise ValueError(f"{name} must be a non-empty sequence, got {values!r}")
-    for x in load:
-        _check.positive("load", x)
+    grid's order, and the loads. Each axis is a sequence or a single value."""
+    sizes = _check.values("max_batch_size", max_batch_size, _check.positive_int)
+    waits = _check.values("max_wait_ms", max_wait_ms, _check.non_negative_or_inf)
+    loads = _check.values("load", load, _check.positive)
     _check.positive_int("n_requests", n_requests)
     if duration_s is not None:
         _check.positive("duration_s", duration_s)
     streams(seed)
-    return [BatchPolicy(_check.positive_int("max_batch_size", mb), mw)
-            for mb, mw in itertools.product(max_batch_size, max_wait_ms)]
+    return [BatchPolicy(mb, mw) for mb, mw in itertools.product(sizes, waits)], loads
 
 
 def simulate_schedule(real: RunResult, policy: BatchPolicy, service: ServiceModel,
@@ -177,10 +174,11 @@ def fidelity(model_or_batcher, service: ServiceModel, max_batch_size=(8, 32),
     from .real.batcher import one_worker
     from .sim import simulate
 
-    policies = checked_grid(max_batch_size, max_wait_ms, load, n_requests, duration_s, seed)
+    policies, loads = checked_grid(max_batch_size, max_wait_ms, load, n_requests, duration_s,
+                                   seed)
     _calibrated(service)
     shape = Poisson(1.0) if workload is None else workload
-    configs = [(policy, x) for policy in policies for x in load]
+    configs = [(policy, x) for policy in policies for x in loads]
     start_rps = ({b: _speed_probe(model_or_batcher, b, device)
                   for b in dict.fromkeys(policy.max_batch_size for policy in policies)}
                  if probe_speed else {})

@@ -17,8 +17,6 @@ import itertools
 import numbers
 import os
 
-import numpy as np
-
 from . import _check
 from .policy import BatchPolicy
 from .service import ServiceModel
@@ -61,11 +59,10 @@ def sweep(workload: Workload, service: ServiceModel,
     if not isinstance(service, ServiceModel):
         raise ValueError(f"service must be a service model (AffineService, ProfileService), "
                          f"got {service!r}")
-    sizes = _grid("max_batch_size", max_batch_size, _check.positive_int)
-    waits = _grid("max_wait_ms", max_wait_ms,
-                  lambda name, v: _check.non_negative(name, v, allow_inf=True))
-    worker_counts = _grid("workers", workers, _check.positive_int)
-    seed_list = _grid("seeds", seeds, _seed)
+    sizes = _check.values("max_batch_size", max_batch_size, _check.positive_int)
+    waits = _check.values("max_wait_ms", max_wait_ms, _check.non_negative_or_inf)
+    worker_counts = _check.values("workers", workers, _check.positive_int)
+    seed_list = _check.values("seeds", seeds, _seed)
     if load is not None and rate_rps is not None:
         raise ValueError(f"give load or rate_rps, not both: got load={load!r}, "
                          f"rate_rps={rate_rps!r}")
@@ -81,11 +78,11 @@ def sweep(workload: Workload, service: ServiceModel,
     summary_args = {"slo_ms": slo_ms, "warmup_frac": warmup_frac}
 
     if load is not None:
-        loads = _grid("load", load, _check.positive)
+        loads = _check.values("load", load, _check.positive)
         traffic = [(w, {"load": x}, x * service.capacity_rps(max(sizes), w))
                    for x in loads for w in worker_counts]
     else:
-        rates = (_grid("rate_rps", rate_rps, _check.positive) if rate_rps is not None
+        rates = (_check.values("rate_rps", rate_rps, _check.positive) if rate_rps is not None
                  else [workload.rate_rps])
         traffic = [(w, {}, r) for r in rates for w in worker_counts]
     configs, jobs = [], []
@@ -105,16 +102,6 @@ def sweep(workload: Workload, service: ServiceModel,
                 rows[i] = {**configs[i], **summary}
             bar.update(len(chunk))
     return pd.DataFrame(rows)
-
-
-def _grid(name: str, values, check) -> list:
-    """``values`` (a list, array or single value) checked one by one; not empty."""
-    if isinstance(values, (str, bytes)) or not np.iterable(values):
-        values = [values]
-    values = list(values)
-    if not values:
-        raise ValueError(f"{name} must hold at least one value, got []")
-    return [check(name, v) for v in values]
 
 
 def _seed(name: str, value) -> int:

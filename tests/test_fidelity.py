@@ -32,7 +32,7 @@ from service_fakes import sleeping_model
 
 import batchsim as bs
 from batchsim.calibrate import METRICS, at_speed, batch_residuals, refit, worker_time_ratio
-from batchsim.fidelity import fidelity, fidelity_summary, run_pair
+from batchsim.fidelity import checked_grid, fidelity, fidelity_summary, run_pair
 
 BLOCKS = 10
 
@@ -351,6 +351,14 @@ def test_fidelity_summary_counts_rows_where_the_harness_fell_behind_and_sets_the
     assert out["worker_time_ratio_p95"] == pytest.approx(1.0 + 0.3 * 0.95)
 
 
+def test_a_single_value_is_a_grid_of_one_as_in_sweep():
+    policies, loads = checked_grid(16, 1.0, 0.5)
+    assert policies == [bs.BatchPolicy(16, 1.0)] and loads == [0.5]
+    policies, loads = checked_grid([4, 16], np.array([0.0, 1.0]), (0.2,))
+    assert [(p.max_batch_size, p.max_wait_ms) for p in policies] == [
+        (4, 0.0), (4, 1.0), (16, 0.0), (16, 1.0)]
+
+
 def _never_served(x):
     raise AssertionError("fidelity served a request before checking its arguments")
 
@@ -362,7 +370,7 @@ _never_served.input_spec = sleepy.input_spec
     ({"max_batch_size": (4.7,)}, "max_batch_size must be an integer >= 1, got 4.7"),
     ({"max_batch_size": (True,)}, "max_batch_size must be an integer >= 1, got True"),
     ({"max_wait_ms": (-1.0,)}, "max_wait_ms must be"),
-    ({"load": ()}, "load must be a non-empty sequence, got ()"),
+    ({"load": ()}, "load must hold at least one value, got []"),
     ({"load": (0.5, -0.5)}, "load must be a positive finite number, got -0.5"),
     ({"n_requests": 0}, "n_requests must be an integer >= 1, got 0"),
     ({"duration_s": float("inf")}, "duration_s must be a positive finite number, got inf"),
