@@ -381,14 +381,19 @@ def test_release_react_and_wake_by_hand():
 # -- a load generator on the batcher's event loop (sender="loop") ------------------------
 
 
-@pytest.mark.parametrize("max_b, max_wait_ms", [(1, 0.0), (8, 0.0), (8, 1.0), (8, math.inf)])
-def test_a_sender_on_an_ideal_loop_changes_nothing(max_b, max_wait_ms):
+@pytest.mark.parametrize("workload", [
+    bs.Poisson(3000.0),
+    bs.Trace(np.arange(2000) * MS),   # on a lattice: arrivals tie with timeouts' instants
+], ids=["poisson", "lattice"])
+@pytest.mark.parametrize("max_b, max_wait_ms", [(1, 0.0), (8, 0.0), (8, 1.0), (8, 2.0),
+                                                (8, math.inf)])
+def test_a_sender_on_an_ideal_loop_changes_nothing(workload, max_b, max_wait_ms):
     """With no loop costs every request reaches the batcher when it is sent and the run
-    is the plain rule's (random instants: no two events tie)."""
+    is the plain rule's, ties included: one sent at a dispatch's instant joins it."""
     model = bs.AffineService(0.5, 0.1)
     policy = bs.BatchPolicy(max_b, max_wait_ms)
-    plain = bs.simulate(bs.Poisson(3000.0), policy, model, 2000, seed=3)
-    sent = bs.simulate(bs.Poisson(3000.0), policy, CalibratedService(model), 2000, seed=3,
+    plain = bs.simulate(workload, policy, model, 2000, seed=3)
+    sent = bs.simulate(workload, policy, CalibratedService(model), 2000, seed=3,
                        sender="loop")
     np.testing.assert_array_equal(sent.arrival_s, plain.arrival_s)
     np.testing.assert_array_equal(sent.meta["sent_s"], plain.arrival_s)

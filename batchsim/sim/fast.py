@@ -346,7 +346,9 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
     and decides; then, if a request is due, the generator resumes one step later, at
     ``t + react``, and sends every request due by then -- they reach the batcher at that
     instant -- and the decision it asks for comes ``react`` later still; then the loop
-    sleeps. Each request that reaches the batcher while a batch runs delays it by
+    sleeps. With ``react`` 0 the generator's step and the decision coincide, so what it
+    sends joins the decision, as the rule has a request arriving at a dispatch's instant.
+    Each request that reaches the batcher while a batch runs delays it by
     ``arrival_ms``, and the first by ``first_arrival_ms`` more, as in the other engines:
     those sent in the turn right after its dispatch too, though they were due before it
     (the loop sends them before the worker can have the interpreter or, on one core, the
@@ -391,8 +393,10 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
         t = max(min(costs.timer_fire_s(sleep_s, due_s), released_s), sleep_s)
         if released_s < math.inf and ends[-1] <= t:
             released_s = math.inf
-        decide(t)
-        if sent < n and x[sent] <= t:
+        sending = sent < n and x[sent] <= t
+        if react or not sending:      # without a step between, what is sent joins (rule 3)
+            decide(t)
+        if sending:
             t += react
             first, sent = sent, bisect_right(x, t, sent)
             received[first:sent] = t
