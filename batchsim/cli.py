@@ -15,6 +15,8 @@ import os
 import sys
 from pathlib import Path
 
+from .sim import ENGINES
+
 EXIT_USAGE = 2
 
 
@@ -72,16 +74,17 @@ def add_model_arguments(p: argparse.ArgumentParser, grid: bool = False) -> None:
     several = {"nargs": "+"} if grid else {}
     p.add_argument("--rate", type=float, required=True, help="mean arrival rate, requests/s")
     p.add_argument("--arrivals", choices=["poisson", "constant", "gamma"], default="poisson")
-    p.add_argument("--cv", type=float, default=1.0, help="gap CV for --arrivals gamma")
+    p.add_argument("--cv", type=float, help="gap CV for --arrivals gamma (default 1.0)")
     svc = p.add_mutually_exclusive_group()
     svc.add_argument("--service", default="affine:1.9,0.14",
                      help="affine:BASE_MS,PER_ITEM_MS (default %(default)s)")
     svc.add_argument("--profile", help="service profile JSON file or shipped profile name")
-    p.add_argument("--jitter-cv", type=float, default=0.0, help="service-time CV")
+    p.add_argument("--jitter-cv", type=float,
+                   help="service-time CV (default: the service's own; 0 for none)")
     p.add_argument("--workers", type=int, default=[1] if grid else 1, **several)
     p.add_argument("-n", "--n-requests", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=[0] if grid else 0, **several)
-    p.add_argument("--engine", default="auto")
+    p.add_argument("--engine", choices=ENGINES, default="auto")
 
 
 def model_from_args(args):
@@ -91,11 +94,15 @@ def model_from_args(args):
     from . import workload as wl
     from .service import load_service
 
+    if args.cv is not None and args.arrivals != "gamma":
+        raise ValueError(f"--cv applies to --arrivals gamma, not {args.arrivals}: "
+                         f"got --cv {args.cv!r}")
     arrivals = {"poisson": lambda: wl.Poisson(args.rate),
                 "constant": lambda: wl.Constant(args.rate),
-                "gamma": lambda: wl.Gamma(args.rate, args.cv)}[args.arrivals]()
+                "gamma": lambda: wl.Gamma(args.rate, 1.0 if args.cv is None else args.cv),
+                }[args.arrivals]()
     service = load_service(args.profile) if args.profile else _service_spec(args.service)
-    if args.jitter_cv:
+    if args.jitter_cv is not None:
         if "jitter_cv" not in {f.name for f in fields(service)}:
             raise ValueError(f"--jitter-cv applies to affine and profile services, not the "
                              f"{type(service).__name__} in --profile {args.profile!r} "

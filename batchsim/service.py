@@ -81,6 +81,13 @@ class AffineService(ServiceModel):
                 "jitter_cv": self.jitter_cv}
 
 
+def _set_metadata(service) -> None:
+    """Keep a copy of ``service.metadata``, which must be a dict (it is saved as JSON)."""
+    if not isinstance(service.metadata, dict):
+        raise ValueError(f"metadata must be a dict, got {service.metadata!r}")
+    object.__setattr__(service, "metadata", dict(service.metadata))
+
+
 @dataclass(frozen=True, eq=False)
 class ProfileService(ServiceModel):
     """A measured ``s(b)`` table, linear between points and past the last one.
@@ -110,7 +117,7 @@ class ProfileService(ServiceModel):
         object.__setattr__(self, "batch_sizes", tuple(sizes))
         object.__setattr__(self, "times_ms", tuple(times))
         object.__setattr__(self, "jitter_cv", _check.non_negative("jitter_cv", self.jitter_cv))
-        object.__setattr__(self, "metadata", dict(self.metadata))
+        _set_metadata(self)
 
     def __eq__(self, other):
         return (isinstance(other, ProfileService) and self.to_dict() == other.to_dict())
@@ -335,9 +342,7 @@ class CalibratedService(ServiceModel):
             raise ValueError(f"jitter_quantiles must be at least two positive, finite, "
                              f"non-decreasing numbers, got {self.jitter_quantiles!r}")
         object.__setattr__(self, "jitter_quantiles", tuple(q.tolist()))
-        if not isinstance(self.metadata, dict):
-            raise ValueError(f"metadata must be a dict, got {self.metadata!r}")
-        object.__setattr__(self, "metadata", dict(self.metadata))
+        _set_metadata(self)
 
     def __eq__(self, other):
         return isinstance(other, CalibratedService) and self.to_dict() == other.to_dict()
@@ -462,9 +467,12 @@ def _service_from_dict(d: dict) -> ServiceModel:
         return ProfileService(d["batch_sizes"], d["times_ms"], d.get("jitter_cv", 0.0),
                               d.get("metadata", {}))
     if kind == "calibrated":
+        costs, known = d["costs"], set(BatcherCosts.__dataclass_fields__)
+        if not isinstance(costs, dict) or not set(costs) <= known:
+            raise ValueError(f"costs must be a dict of {sorted(known)}, got {costs!r:.200}")
         return CalibratedService(service_from_dict(d["model"]), d["per_batch_ms"],
-                                 d["per_item_ms"], tuple(d["jitter_quantiles"]),
-                                 BatcherCosts(**d["costs"]), d.get("metadata", {}))
+                                 d["per_item_ms"], d["jitter_quantiles"],
+                                 BatcherCosts(**costs), d.get("metadata", {}))
     raise ValueError(f"kind must be 'affine', 'profile' or 'calibrated', got {kind!r}")
 
 
@@ -485,6 +493,8 @@ def load_service(path) -> ServiceModel:
         return service_from_dict(json.loads(p.read_text()))
     except json.JSONDecodeError as e:
         raise ValueError(f"path {str(path)!r} holds no service model JSON: {e}") from None
+    except ValueError as e:
+        raise ValueError(f"path {str(path)!r}: {e}") from None
 
 
 def shipped_profiles() -> list[str]:

@@ -42,6 +42,9 @@ def test_simulate_json_matches_the_library():
      "folder '/no/such/folder' of '/no/such/folder/x.csv' does not exist"),
     (["profile", "--model", "mlp", "--out", "p.json", "--threads", "-1"],
      "argument --threads: must be an integer >= 1, got '-1'"),
+    (["simulate", "--rate", "100", "--cv", "3"],
+     "--cv applies to --arrivals gamma, not poisson: got --cv 3.0"),
+    (["simulate", "--rate", "100", "--engine", "fastest"], "argument --engine: invalid choice"),
 ])
 def test_bad_arguments_give_one_line_and_exit_2(argv, words, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -57,3 +60,24 @@ def test_a_write_that_fails_after_the_checks_is_one_line_and_exit_1(capsys):
                  "--max-wait-ms", "0", "--no-progress", "--out", "/dev/full"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("batchsim: error:")
+
+
+def test_jitter_cv_0_takes_a_shipped_profiles_own_spread_away():
+    """A shipped profile carries its measured spread; ``--jitter-cv 0`` asks for none."""
+    import batchsim as bs
+    from batchsim.service import load_service
+
+    def p99(*flags):
+        out = subprocess.run(
+            [sys.executable, "-m", "batchsim", "simulate", "--rate", "20000", "-n", "3000",
+             "--profile", "h200_encoder_bfloat16", "--json", *flags],
+            capture_output=True, text=True, check=True).stdout
+        return json.loads(out)["latency_ms_p99"]
+
+    profile = load_service("h200_encoder_bfloat16")
+    assert profile.jitter_cv > 0
+    steady = bs.simulate(bs.Poisson(20000), bs.BatchPolicy(32, 5.0),
+                         bs.ProfileService(profile.batch_sizes, profile.times_ms),
+                         n_requests=3000).summary()["latency_ms_p99"]
+    assert p99("--jitter-cv", "0") == pytest.approx(steady)
+    assert p99() != pytest.approx(steady)

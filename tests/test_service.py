@@ -1,6 +1,8 @@
 """Service models: s(b), jitter, capacity, JSON round trips."""
 
+import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -86,6 +88,25 @@ def test_load_service_names_a_path_it_cannot_read(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(ValueError, match="notes.txt' holds no service model JSON"):
         bs.load_service(tmp_path / "notes.txt")
+
+
+AFFINE = {"kind": "affine", "base_ms": 1.0, "per_item_ms": 0.1}
+
+
+@pytest.mark.parametrize("saved, says", [
+    ({"kind": "calibrated", "model": AFFINE, "per_batch_ms": 0, "per_item_ms": 0,
+      "jitter_quantiles": [], "costs": {"bogus": 1}}, "costs must be a dict of ["),
+    ({"kind": "calibrated", "model": AFFINE, "per_batch_ms": 0, "per_item_ms": 0,
+      "jitter_quantiles": None, "costs": {}}, "jitter_quantiles must be"),
+    ({"kind": "profile", "batch_sizes": [1, 2], "times_ms": [1, 2], "metadata": [1]},
+     "metadata must be a dict, got [1]"),
+])
+def test_a_malformed_saved_model_is_refused_naming_the_file_and_the_key(saved, says,
+                                                                       tmp_path):
+    (tmp_path / "m.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=re.escape(f"path {str(tmp_path / 'm.json')!r}: ")
+                       + ".*" + re.escape(says)):
+        bs.load_service(tmp_path / "m.json")
 
 
 def test_shipped_profiles_load():
