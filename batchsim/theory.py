@@ -203,19 +203,22 @@ def _chain_terms(rate, service, q, a, b):
     k = np.minimum(q, b)
     rest = q - k
     s = np.asarray(service.mean_s(k), float)
-    log_fact = _log_factorials(n + a)
+    mean = rate * s                                          # arrivals during each batch
+    tail = np.ceil(mean + 40 * np.sqrt(mean) + 40).astype(int)  # beyond: below 1e-300
+    log_fact = _log_factorials(max(q[-1] + 1, tail.max()))
     trans = np.zeros((n, n))
     idle_area = np.zeros(n)
     for i in range(n):
-        arrivals = np.arange(q[-1] - rest[i] + 1)          # next queue rest + A <= q[-1]
-        mean = rate * s[i]
-        pmf = np.exp(arrivals * math.log(mean) - mean - log_fact[arrivals])
-        nxt = rest[i] + arrivals
+        room = q[-1] - rest[i]                               # next queue rest + A <= q[-1]
+        arrivals = np.arange(max(room, tail[i]) + 1)
+        pmf = np.exp(arrivals * math.log(mean[i]) - mean[i] - log_fact[arrivals])
+        pmf /= pmf.sum()          # the whole law, so its terms' rounding cancels out
+        # The overflow past the top state, summed itself (not 1 - the rest, which is
+        # rounding when the overflow is tiny), lumped at the top.
+        overflow, pmf = pmf[room + 1:].sum(), pmf[:room + 1]
+        nxt = rest[i] + arrivals[:room + 1]
         trans[i] = np.bincount(np.maximum(nxt, a) - a, weights=pmf, minlength=n)
-        # The overflow, lumped at the top; below the sum's own rounding it is rounding
-        # (kept, it would hold the top state's mass above TAIL_MASS at every size).
-        overflow = 1.0 - pmf.sum()
-        trans[i, -1] += overflow if overflow > 4 * pmf.size * np.finfo(float).eps else 0.0
+        trans[i, -1] += overflow
         short = nxt < a
         idle_area[i] = pmf[short] @ (a * (a - 1) - nxt[short] * (nxt[short] - 1)) / (2 * rate)
     system = trans.T - np.eye(n)

@@ -182,13 +182,16 @@ def test_fixed_size_at_low_load_is_waiting_for_the_batch_to_fill():
     assert fixed.mean_batch_size == pytest.approx(b)
 
 
-@pytest.mark.parametrize("b", [512, 1024])
-def test_large_batches_at_light_load_are_solved_not_refused(b):
-    """At 30% of capacity a batch always finds the worker free: fixed-size batching is
-    then the ample-workers wait for the batch to fill. (The chain used to refuse these:
-    a running sum of log-factorials left ~1e-12 of rounding on its top state.)"""
+@pytest.mark.parametrize("b, load", [(512, 0.3), (1024, 0.3), (4096, 0.8), (8192, 0.5),
+                                     (40_000, 0.14)])
+def test_large_batches_below_capacity_are_solved_not_refused(b, load):
+    """A batch of ``b`` takes ``b / lambda`` to fill, 1 / load times a batch's service:
+    with ``b`` in the thousands it fills after the worker frees (4096 at load 0.8: the
+    fill would have to come 12.8 standard deviations early), so fixed-size batching is
+    the ample-workers wait for the batch to fill. (The chain used to refuse these: the
+    rounding of the Poisson law's terms, up to ~1e-12, sat on its top state.)"""
     service = bs.AffineService(1.9, 0.14)
-    rate = 0.3 * theory.max_stable_rate_rps(service, b)
+    rate = load * theory.max_stable_rate_rps(service, b)
     fixed = theory.fixed_size_batching(rate, service, b)
     ample = theory.timeout_batching_ample_workers(rate, service, b, math.inf)
     assert fixed.latency_s == pytest.approx(ample.latency_s, rel=1e-9)
