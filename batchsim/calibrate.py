@@ -227,7 +227,8 @@ def capacity_check(service: CalibratedService, max_batch_size: int,
     ``CAPACITY_TOLERANCE``: the calibration then misses how the batcher spends its time
     at full load (on a GPU, say, the event loop rather than the model may be the limit),
     and predictions near saturation will be wrong."""
-    ratio = service.capacity_rps(max_batch_size) / measured_rps
+    ratio = service.capacity_rps(max_batch_size) / _check.positive("measured_rps",
+                                                                    measured_rps)
     if not 1 / CAPACITY_TOLERANCE <= ratio <= CAPACITY_TOLERANCE:
         warnings.warn(f"the calibrated model serves {ratio:.2f}x the saturated throughput "
                       f"measured at max_batch_size={max_batch_size} "

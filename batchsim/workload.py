@@ -237,7 +237,13 @@ class Trace(Workload):
     """
 
     def __init__(self, times_s):
-        times = np.asarray(times_s, dtype=float).ravel()
+        try:
+            times = np.array(times_s, dtype=float)
+        except (TypeError, ValueError):
+            times = None
+        if times is None or isinstance(times_s, (str, bytes)) or times.ndim != 1:
+            raise ValueError(f"times_s must be a one-dimensional sequence of numbers "
+                             f"(seconds), got {times_s!r:.80}")
         if times.size == 0:
             raise ValueError("times_s must hold at least one arrival, got an empty trace")
         if not np.all(np.isfinite(times)):
@@ -277,6 +283,10 @@ class Trace(Workload):
     @classmethod
     def from_csv(cls, path, column: str | int = 0) -> Trace:
         """Read arrival times in seconds from a CSV column (by header name or index)."""
+        if isinstance(column, bool) or not isinstance(column, (str, int)):
+            raise ValueError(f"column must be a header name or an index, got {column!r}")
+        if not Path(path).is_file():
+            raise ValueError(f"path {str(path)!r} is not a file")
         with open(Path(path), newline="") as f:
             rows = list(csv.reader(f))
         if not rows:
@@ -291,8 +301,10 @@ class Trace(Workload):
             if header is None or column not in header:
                 raise ValueError(f"column {column!r} not found in {str(path)!r}")
             column = header.index(column)
+        if any(r and not -len(r) <= column < len(r) for r in body):
+            raise ValueError(f"path {str(path)!r} has rows without a column {column!r}")
         try:
             return cls([float(r[column]) for r in body if r])
-        except (ValueError, IndexError) as e:
+        except ValueError as e:
             raise ValueError(f"path {str(path)!r}: column {column!r} is not all numbers "
                              f"({e})") from e

@@ -748,6 +748,9 @@ def test_capacity_check_warns_when_the_model_misses_the_measured_capacity():
     for measured_rps, ratio in ((2000.0, "2.00x"), (10000.0, "0.40x")):
         with pytest.warns(RuntimeWarning, match=f"serves {ratio} the saturated throughput"):
             capacity_check(service, 4, measured_rps)
+    for bad in (0.0, -5.0, math.nan):
+        with pytest.raises(ValueError, match="measured_rps must"):
+            capacity_check(service, 4, bad)
 
 
 def test_calibrate_takes_a_batcher_and_refuses_bad_arguments():

@@ -1,5 +1,6 @@
 """Every plot on small simulated runs: axis labels carry units, drawn data match the run."""
 
+import re
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ from matplotlib.patches import StepPatch
 
 import batchsim as bs
 from batchsim.policy import TRIGGER_NAMES
-from batchsim.result import COMPLETED
+from batchsim.result import COMPLETED, RunRecorder
 from batchsim.viz import plots
 
 SERVICE = bs.AffineService(base_ms=1.9, per_item_ms=0.14)
@@ -142,6 +143,24 @@ def test_batch_size_hist_counts_every_batch(run):
     assert heights.tolist() == np.bincount(run.size)[1:].tolist()
     assert heights.sum() == run.n_batches
     assert ax.get_xlabel() == "batch size (requests)"
+
+
+def test_batch_size_hist_of_a_run_without_batches_is_empty():
+    rec = RunRecorder(np.array([0.1]), workers=1)
+    rec.reject(0)
+    heights, _ = steps(plots.batch_size_hist(rec.result()))
+    assert heights.size == 0
+
+
+@pytest.mark.parametrize("draw, says", [
+    (lambda: plots.timeline(None), "res must be a RunResult, got None"),
+    (lambda: plots.latency_cdf("run.json"), "res must be a RunResult, got 'run.json'"),
+    (lambda: plots.service_profile(None, 8), "service must be a service model, got None"),
+    (lambda: plots.frontier(None), "df must be a pandas DataFrame (a sweep's), got None"),
+])
+def test_plots_name_an_argument_of_the_wrong_kind(draw, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        draw()
 
 
 def test_queue_length_plots_the_step_series(run):

@@ -103,6 +103,11 @@ def test_with_rate_rescales_the_mean_rate(workload):
     (lambda: bs.Trace([0.2, 0.1]), "times_s"),
     (lambda: bs.Trace([-0.1, 0.1]), "times_s"),
     (lambda: bs.Trace([0.1, math.nan]), "times_s"),
+    (lambda: bs.Trace(["a"]), "times_s must be a one-dimensional sequence of numbers"),
+    (lambda: bs.Trace({0: 0.1}), "times_s must be a one-dimensional sequence of numbers"),
+    (lambda: bs.Trace(None), "times_s must be a one-dimensional sequence of numbers"),
+    (lambda: bs.Trace("0.5"), "times_s must be a one-dimensional sequence of numbers"),
+    (lambda: bs.Trace([[0.1, 0.2], [0.3, 0.4]]), "one-dimensional"),
     (lambda: bs.Poisson(10.0).arrivals_s(0, rng()), "n_requests"),
     (lambda: bs.Trace([0.1, 0.2]).arrivals_s(3), "n_requests"),
     (lambda: bs.Trace([0.5, 0.5]).with_rate(100.0), "no finite mean rate to scale to rate_rps"),
@@ -139,3 +144,9 @@ def test_trace_keeps_times_and_reads_csv(tmp_path):
         bs.Trace.from_csv(bad)
     with pytest.raises(ValueError, match="column 'x'"):
         bs.Trace.from_csv(with_header, "x")
+    with pytest.raises(ValueError, match="has rows without a column 5"):
+        bs.Trace.from_csv(with_header, 5)
+    with pytest.raises(ValueError, match="column must be a header name or an index, got 1.0"):
+        bs.Trace.from_csv(with_header, 1.0)
+    with pytest.raises(ValueError, match=f"path {str(tmp_path / 'no.csv')!r} is not a file"):
+        bs.Trace.from_csv(tmp_path / "no.csv")

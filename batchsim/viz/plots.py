@@ -17,7 +17,8 @@ from matplotlib.lines import Line2D
 
 from .. import _check
 from ..policy import FLUSH, SIZE, TIMEOUT, TRIGGER_NAMES
-from ..result import COMPLETED
+from ..result import COMPLETED, RunResult
+from ..service import ServiceModel
 
 TRIGGER_COLORS = {SIZE: "tab:blue", TIMEOUT: "tab:orange", FLUSH: "tab:gray"}
 #: Without ``t1_s``, a timeline shows this many batches from ``t0_s`` on.
@@ -31,6 +32,13 @@ def _axes(ax, figsize):
     if ax is None:
         _, ax = plt.subplots(figsize=figsize, layout="constrained")
     return ax
+
+
+def _run(res) -> RunResult:
+    """``res``, which must be a ``RunResult`` (a ``ValueError`` naming it otherwise)."""
+    if not isinstance(res, RunResult):
+        raise ValueError(f"res must be a RunResult, got {res!r:.80}")
+    return res
 
 
 def _ms(t_s):
@@ -66,6 +74,7 @@ def timeline(res, t0_s=None, t1_s=None, ax=None):
     crosses. The window defaults to ``TIMELINE_BATCHES`` batches starting at ``t0_s``
     (default: the first arrival).
     """
+    _run(res)
     t0 = float(res.arrival_s[0]) if t0_s is None else _check.non_negative("t0_s", t0_s)
     last_s = max(float(res.arrival_s[-1]), float(np.nanmax(res.end_s, initial=0.0)))
     if t0 >= last_s:
@@ -132,6 +141,7 @@ def latency_hist(res, ax=None, bins=50, label=None):
     Drawn as one filled step patch (``ax.stairs``) rather than a bar per bin: the same
     picture at a fraction of the drawing time, which keeps dashboards responsive.
     """
+    _run(res)
     ax = _axes(ax, figsize=(6, 3.5))
     counts, edges_ms = np.histogram(_served_latency_ms(res), bins=bins)
     color = ax.stairs(counts, edges_ms, fill=True, alpha=0.7, label=label).get_facecolor()
@@ -146,6 +156,7 @@ def latency_hist(res, ax=None, bins=50, label=None):
 
 def latency_cdf(res, ax=None, label=None):
     """Empirical CDF of the completed requests' latency, p50 and p99 marked on the curve."""
+    _run(res)
     ax = _axes(ax, figsize=(6, 3.5))
     lat_ms = np.sort(_served_latency_ms(res))
     frac = np.arange(1, lat_ms.size + 1) / max(lat_ms.size, 1)
@@ -163,8 +174,9 @@ def latency_cdf(res, ax=None, label=None):
 
 def batch_size_hist(res, ax=None):
     """How many batches of each size were dispatched, with the mean size marked."""
+    _run(res)
     ax = _axes(ax, figsize=(6, 3.5))
-    counts = np.bincount(res.size)
+    counts = np.bincount(res.size, minlength=1)
     # One step patch, each step centred on its batch size (see latency_hist for why).
     ax.stairs(counts[1:], np.arange(1, counts.size + 1) - 0.5, fill=True, color="tab:blue")
     if res.n_batches:
@@ -178,6 +190,7 @@ def batch_size_hist(res, ax=None):
 
 def queue_length(res, ax=None):
     """Requests waiting (not yet in a batch) over time, a step series."""
+    _run(res)
     ax = _axes(ax, figsize=(8, 3))
     t_s, n = res.queue_length()
     ax.step(_ms(t_s), n, where="post", linewidth=0.8)
@@ -189,6 +202,8 @@ def queue_length(res, ax=None):
 # -- a service model -----------------------------------------------------------------
 def service_profile(service, max_batch_size, ax=None):
     """``s(b)`` in ms and the capacity ``b / s(b)`` in requests/s (twin axis), b = 1..max."""
+    if not isinstance(service, ServiceModel):
+        raise ValueError(f"service must be a service model, got {service!r:.80}")
     top = _check.positive_int("max_batch_size", max_batch_size)
     ax = _axes(ax, figsize=(6, 3.5))
     b = np.arange(1, top + 1)
@@ -215,6 +230,8 @@ def seed_means(df, needed=("max_batch_size", "max_wait_ms")):
 
     Raises ValueError when a column in ``needed`` is missing.
     """
+    if not hasattr(df, "columns"):
+        raise ValueError(f"df must be a pandas DataFrame (a sweep's), got {df!r:.80}")
     for column in needed:
         if column not in df.columns:
             raise ValueError(f"df must have a {column!r} column, got columns {list(df.columns)}")
