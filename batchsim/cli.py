@@ -201,7 +201,8 @@ def _args_sweep(p):
     p.add_argument("--max-batch-size", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     p.add_argument("--max-wait-ms", type=float, nargs="+", default=[0.0, 1.0, 2.0, 5.0, 10.0])
     p.add_argument("--load", type=float, nargs="+", default=None,
-                   help="fractions of capacity (rescale --rate); default: --rate itself")
+                   help="fractions of the capacity of the largest --max-batch-size with "
+                   "that many workers (each rescales the arrivals); default: --rate itself")
     p.add_argument("--slo-ms", type=float, default=None, help="goodput columns, SLO line")
     p.add_argument("--warmup-frac", type=float, default=0.0)
     p.add_argument("--out", type=_output_file, help="CSV file for the results (one row per run)")
@@ -455,9 +456,9 @@ def _validate(args, thread_cpus=None) -> int:
     if summary["harness_behind"]:
         print(f"the load generator fell behind its schedule in {summary['harness_behind']} "
               f"of {len(df)} configurations (harness_behind: the harness, not the batcher, "
-              f"set their latencies); over the others: " + ", ".join(
+              f"set their latencies)" + ("; over the others: " + ", ".join(
                   f"{m.removeprefix('latency_ms_')} {summary[f'median_abs_kept_{m}']:.1%}"
-                  for m in headline))
+                  for m in headline) if summary["harness_behind"] < len(df) else ""))
     if "worker_time_ratio" in df:
         print(f"told each row's speed (its batches took {summary['worker_time_ratio_p5']:.2f}-"
               f"{summary['worker_time_ratio_p95']:.2f}x the calibration's time, 5th-95th "
@@ -484,7 +485,7 @@ def _validate(args, thread_cpus=None) -> int:
 
 COMMANDS = {
     "simulate": ("simulate one policy and print its summary", _args_simulate, _run_simulate),
-    "sweep": ("simulate a grid of policies and write a CSV and a plot", _args_sweep,
+    "sweep": ("simulate a grid of policies (--out: a CSV, --plot: a figure)", _args_sweep,
               _run_sweep),
     "recommend": ("the policy and worker count that meet a latency SLO", _args_recommend,
                   _run_recommend),

@@ -76,7 +76,8 @@ class RunResult:
         """Headline numbers, optionally skipping the first ``warmup_frac`` of requests.
 
         Throughput counts completed requests over the window from the first kept arrival
-        to the last kept finish; utilization is busy time over ``workers`` times that
+        to the last kept finish (or the last arrival, if later: rejected and expired
+        requests end the run too); utilization is busy time over ``workers`` times that
         window (also per worker). With ``slo_ms``, ``goodput`` is the share of kept
         requests (rejected and expired ones included) that completed within the SLO, and
         ``goodput_rps`` their rate.
