@@ -52,7 +52,7 @@ class Recommendation:
 
 def recommend(workload, service, slo_ms: float, percentile: float = 99, workers=(1, 2, 4),
               max_batch_size=(1, 2, 4, 8, 16, 32, 64, 128), max_wait_ms=None,
-              n_requests: int = 50_000, seeds=(0,), n_runner_ups: int = 3, engine="auto",
+              n_requests: int | None = 50_000, seeds=(0,), n_runner_ups: int = 3, engine="auto",
               executor=None, progress: bool = True) -> Recommendation:
     """The policy and worker count that keep ``percentile`` latency within ``slo_ms``.
 
@@ -63,7 +63,7 @@ def recommend(workload, service, slo_ms: float, percentile: float = 99, workers=
     the queue does not grow without bound). Each of those serves every request, so their
     throughputs differ only by when a finite run's last batch ends: the choice has the
     fewest workers, then the lowest latency. ``max_wait_ms`` defaults to 0 and 1/32 ...
-    1/2 of the SLO.
+    1/2 of the SLO. ``n_requests`` per run; None runs a ``Trace`` whole.
     """
     slo = _check.positive("slo_ms", slo_ms)
     if percentile not in PERCENTILES:
