@@ -77,6 +77,9 @@ class Constant(Workload):
 #: The smallest coefficient of variation ``Gamma`` takes: its gaps are then constant to a
 #: millionth, and far below it the gamma shape ``1 / cv**2`` overflows (cv under 1e-154).
 MIN_CV = 1e-6
+#: The largest: at cv 100 (shape 1e-4) already 93% of the gaps are below 1e-300 s, so
+#: the requests come in a few clumps at one instant each; beyond, the shape underflows.
+MAX_CV = 100.0
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,9 @@ class Gamma(Workload):
         if self.cv < MIN_CV:
             raise ValueError(f"cv must be at least {MIN_CV} (evenly spaced arrivals are "
                              f"Constant), got {self.cv!r}")
+        if self.cv > MAX_CV:
+            raise ValueError(f"cv must be at most {MAX_CV:g} (beyond, nearly every gap is "
+                             f"0 in floating point), got {self.cv!r}")
 
     def arrivals_s(self, n, rng):
         shape = 1.0 / self.cv**2

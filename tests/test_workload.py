@@ -95,6 +95,7 @@ def test_with_rate_rescales_the_mean_rate(workload):
     (lambda: bs.Constant(0), "rate_rps"),
     (lambda: bs.Gamma(10.0, cv=0), "cv"),
     (lambda: bs.Gamma(10.0, cv=1e-200), "cv must be at least 1e-06"),
+    (lambda: bs.Gamma(10.0, cv=1e200), "cv must be at most 100"),
     (lambda: bs.Bursty(10.0, -1.0, 1.0, 1.0), "off_rate_rps"),
     (lambda: bs.Bursty(10.0, 1.0, 0.0, 1.0), "mean_on_s"),
     (lambda: bs.Ramp(10.0, 0.0, 1.0), "end_rps"),
