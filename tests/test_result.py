@@ -71,3 +71,54 @@ def test_a_run_without_requests_summarises_to_nothing():
     assert np.isnan(s["throughput_rps"]) and np.isnan(s["latency_ms_p50"])
     assert np.isnan(s["mean_batch_size"]) and np.isnan(s["goodput"])
     assert s["utilization_per_worker"] == [0.0, 0.0]
+
+
+def test_percentiles_interpolate_linearly_between_latencies():
+    """p50..p99 are numpy's default (linear) percentiles of the completed latencies."""
+    rec = RunRecorder(np.arange(5.0), workers=1)
+    for i in range(5):   # request i waits nothing and is served in 100 * (i + 1) ms
+        rec.dispatch([i], float(i), i + 0.1 * (i + 1), worker=0, trigger=SIZE)
+    s = rec.result().summary()
+    # Latencies 100..500 ms: the q-th percentile sits at rank q/100 * 4, e.g. p90 at 3.6,
+    # 60% of the way from 400 to 500 ms.
+    assert [s[f"latency_ms_p{q}"] for q in (50, 90, 95, 99)] == pytest.approx(
+        [300.0, 460.0, 480.0, 496.0])
+    assert s["latency_ms_mean"] == pytest.approx(300.0)
+    assert s["latency_ms_max"] == pytest.approx(500.0)
+
+
+def warm_up_run():
+    """Ten requests at 0..9 s served in three batches on one worker; the first batch
+    starts before request 2 arrives and ends after it."""
+    rec = RunRecorder(np.arange(10.0), workers=1)
+    rec.dispatch([0, 1], 1.0, 3.0, worker=0, trigger=SIZE)
+    rec.dispatch([2, 3, 4], 4.0, 6.0, worker=0, trigger=SIZE)
+    rec.dispatch([5, 6, 7, 8, 9], 9.0, 12.0, worker=0, trigger=SIZE)
+    return rec.result()
+
+
+def test_warmup_window_starts_at_the_first_kept_arrival():
+    """warmup_frac=0.25 of 10 requests drops floor(2.5) = 2: the window runs from request
+    2's arrival (2 s) to the last finish (12 s). Batches count toward the mean size if
+    they start in the window; busy time is clipped to the window."""
+    s = warm_up_run().summary(warmup_frac=0.25)
+    assert s["n_requests"] == 8 and s["n_completed"] == 8
+    assert s["throughput_rps"] == pytest.approx(8 / 10.0)
+    assert s["mean_batch_size"] == pytest.approx((3 + 5) / 2)
+    # Busy within [2, 12]: 1 s of the first batch (2..3), then 2 s and 3 s.
+    assert s["utilization"] == pytest.approx((1.0 + 2.0 + 3.0) / 10.0)
+    assert s["utilization_per_worker"] == pytest.approx([0.6])
+    # Requests 2..4 finish at 6 s, 5..9 at 12 s.
+    assert s["latency_ms_mean"] == pytest.approx(1000.0 * (4 + 3 + 2 + 7 + 6 + 5 + 4 + 3) / 8)
+
+
+def test_a_request_rejected_after_the_last_finish_ends_the_window():
+    """The window ends at the later of the last finish and the last arrival: a request
+    rejected at 1 s, after the only batch finished at 0.5 s, stretches it to 1 s."""
+    rec = RunRecorder(np.array([0.0, 0.1, 1.0]), workers=1)
+    rec.dispatch([0, 1], 0.2, 0.5, worker=0, trigger=SIZE)
+    rec.reject(2)
+    s = rec.result().summary()
+    assert s["throughput_rps"] == pytest.approx(2 / 1.0)
+    assert s["utilization"] == pytest.approx(0.3 / 1.0)
+    assert s["n_rejected"] == 1

@@ -194,3 +194,50 @@ def test_import_batchsim_is_light():
     code = ("import sys, batchsim; heavy = {'torch', 'simpy', 'pandas', 'matplotlib'} "
             "& set(sys.modules); assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_arrivals_and_jitter_come_from_the_first_and_second_children_of_the_seed():
+    """The streams are the two children a fresh ``SeedSequence(seed)`` spawns first:
+    arrivals from child 0, service jitter (one factor per batch, in dispatch order)
+    from child 1."""
+    n, service = 200, bs.AffineService(1.0, 0.0, jitter_cv=0.3)
+    workload = bs.Poisson(100.0)
+    # max_batch_size=1 on one worker: batch k serves request k, with the k-th factor.
+    res = bs.simulate(workload, bs.BatchPolicy(1, 0.0), service, n_requests=n, seed=11)
+    arrival_ss, service_ss = np.random.SeedSequence(11).spawn(2)
+    np.testing.assert_array_equal(
+        res.arrival_s, workload.arrivals_s(n, np.random.default_rng(arrival_ss)))
+    np.testing.assert_allclose(
+        (res.end_s - res.start_s) / service.mean_s(1),
+        service.jitter_factors(np.random.default_rng(service_ss), n), rtol=1e-9)
+
+
+def test_a_seed_sequences_spawn_key_is_part_of_the_seed():
+    """A child ``SeedSequence`` (entropy plus a spawn key) seeds its own run: its streams
+    extend its spawn key, so it differs from the run of its bare entropy."""
+    workload, n = bs.Poisson(1000.0), 100
+    args = (workload, bs.BatchPolicy(4, 1.0), bs.AffineService(1.0, 0.2))
+    child = np.random.SeedSequence(7, spawn_key=(3,))
+    res = bs.simulate(*args, n_requests=n, seed=child)
+    first = np.random.SeedSequence(7, spawn_key=(3,)).spawn(1)[0]   # spawn key (3, 0)
+    np.testing.assert_array_equal(
+        res.arrival_s, workload.arrivals_s(n, np.random.default_rng(first)))
+    assert not np.array_equal(res.arrival_s,
+                              bs.simulate(*args, n_requests=n, seed=7).arrival_s)
+    assert not np.array_equal(
+        res.arrival_s,
+        bs.simulate(*args, n_requests=n,
+                    seed=np.random.SeedSequence(7, spawn_key=(4,))).arrival_s)
+
+
+def test_jitter_does_not_depend_on_how_the_arrivals_were_drawn():
+    """Common random numbers: jitter has its own stream, so a Trace (which draws nothing)
+    and a Poisson workload given the same seed see the same sequence of batch times."""
+    n, service = 300, bs.AffineService(2.0, 0.5, jitter_cv=0.5)
+    policy = bs.BatchPolicy(1, 0.0)   # one request a batch: batch k serves request k
+    factors = []
+    for workload in (bs.Trace(np.arange(1, n + 1) * 0.1), bs.Poisson(10.0)):
+        res = bs.simulate(workload, policy, service, n_requests=n, seed=5)
+        assert list(res.size) == [1] * n
+        factors.append((res.end_s - res.start_s) / service.mean_s(1))
+    np.testing.assert_allclose(factors[0], factors[1], rtol=1e-9)

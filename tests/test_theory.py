@@ -278,3 +278,19 @@ def test_bad_input_names_the_parameter_and_value(call, name, value):
     with pytest.raises(ValueError, match=name) as err:
         call()
     assert value in str(err.value)
+
+
+def test_the_uncapped_stability_bound_scales_with_workers():
+    """With no cap on the batch, each worker tends to ``1 / per_item`` requests a second."""
+    assert theory.max_stable_rate_rps(AFFINE, None, workers=3) == pytest.approx(3 * 1000 / 0.5)
+    assert theory.stable(1.5 * 1000 / 0.5, AFFINE, None, workers=2)
+    assert not theory.stable(1.5 * 1000 / 0.5, AFFINE, None)
+
+
+@pytest.mark.parametrize("wait_ms", [1e-9, 0.5, 1.0, 2.0, 1e9])
+def test_predict_refuses_a_finite_positive_max_wait(wait_ms):
+    """Only max_wait_ms = 0 (greedy) and inf (fixed size) have an exact one-worker result;
+    any wait between them, however short or long, is refused rather than approximated."""
+    with pytest.raises(ValueError, match="max_wait_ms must be 0 or inf") as err:
+        theory.predict(100.0, bs.BatchPolicy(8, wait_ms), AFFINE)
+    assert repr(float(wait_ms)) in str(err.value)

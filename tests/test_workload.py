@@ -27,16 +27,20 @@ def check_sorted_positive(times, n):
     bs.Diurnal(1000.0, 0.5, period_s=5.0),
 ])
 def test_mean_rate_matches_within_statistical_error(workload):
-    n = 50_000
+    n, window_s, k = 130_000, 5.0, 20
     times = workload.arrivals_s(n, rng(1))
     check_sorted_positive(times, n)
-    # Empirical mean rate against the model's, within 6 standard errors estimated by
-    # batch means over 50 chunks (robust to the correlation in bursty and diurnal traffic;
-    # the Diurnal period of 5 s is short against the ~50 s run).
-    k = 50
-    per_chunk = np.array([c.size / (c[-1] - c[0]) for c in np.array_split(times, k)])
-    se = per_chunk.std(ddof=1) / math.sqrt(k)
-    assert abs(n / times[-1] - workload.rate_rps) < 6 * se
+    # Count the arrivals in k = 20 consecutive 5 s windows covering the first 100 s. A
+    # window is one whole Diurnal period (its swing integrates out) and spans ~30 of
+    # Bursty's on/off cycles (0.15 s; its correlation time 1 / (1/0.05 + 1/0.1) = 33 ms),
+    # so window counts are nearly independent with the process's own count variance:
+    # their spread gives the SE of the mean rate (batch means). 6 SE, plus one arrival
+    # over the span for the window edges (Constant's counts barely vary).
+    span_s = k * window_s
+    assert times[-1] > span_s   # 130k arrivals at 1000/s outlast 100 s by > 8 count SDs
+    counts = np.bincount((times[times < span_s] / window_s).astype(int), minlength=k)
+    se = counts.std(ddof=1) / math.sqrt(k) / window_s
+    assert abs(counts.sum() / span_s - workload.rate_rps) < 6 * se + 1 / span_s
 
 
 def test_poisson_gaps_are_exponential():
@@ -151,3 +155,48 @@ def test_trace_keeps_times_and_reads_csv(tmp_path):
         bs.Trace.from_csv(with_header, 1.0)
     with pytest.raises(ValueError, match=f"path {str(tmp_path / 'no.csv')!r} is not a file"):
         bs.Trace.from_csv(tmp_path / "no.csv")
+
+
+def test_ramp_mean_rate_is_the_mean_over_the_ramp():
+    """``rate_rps`` of a ramp is its mean rate while it ramps: (100 + 1000) / 2, and the
+    arrivals over the 20 s ramp are a Poisson count of mean 550 * 20 = 11000 (6 SD)."""
+    w = bs.Ramp(100.0, 1000.0, duration_s=20.0)
+    assert w.rate_rps == 550.0
+    times = w.arrivals_s(15_000, rng(2))
+    assert times[-1] > 20.0
+    assert abs(np.sum(times < 20.0) - 11_000) < 6 * math.sqrt(11_000)
+
+
+def test_diurnal_rate_rises_first():
+    """The rate is ``rate * (1 + a sin(2 pi t / period))``: above the mean for the first
+    half period, where the expected count is ``rate * (period / 2 + a period / pi)``
+    (1000 * (5 + 5 / pi) = 6592 here; starting at the mean on a cosine, it would be
+    5000). A Poisson count: within 6 SD."""
+    w = bs.Diurnal(1000.0, amplitude=0.5, period_s=10.0)
+    times = w.arrivals_s(8_000, rng(3))
+    assert times[-1] > 5.0
+    expected = 1000.0 * (5.0 + 0.5 * 10.0 / math.pi)
+    assert abs(np.sum(times < 5.0) - expected) < 6 * math.sqrt(expected)
+
+
+def test_thinning_keeps_the_mean_rate_over_whole_periods():
+    """Over 40 whole periods the Diurnal count is Poisson with mean rate * 40 s = 4e5:
+    within 6 SD, a relative 6 / sqrt(4e5) = 0.95%."""
+    w = bs.Diurnal(10_000.0, amplitude=0.8, period_s=1.0)
+    times = w.arrivals_s(420_000, rng(4))
+    assert times[-1] > 40.0   # 20_000 = 31 SD beyond the mean count at 40 s
+    expected = 10_000.0 * 40.0
+    assert abs(np.sum(times < 40.0) - expected) < 6 * math.sqrt(expected)
+
+
+def test_bursty_starts_in_a_state_drawn_from_the_stationary_law():
+    """With mean dwell 0.1 s on and 0.3 s off the source is on a quarter of the time, so
+    a quarter of independent runs start on. On at 1e4/s (off: silent), a run that starts
+    on has its first arrival within 1 ms with probability ~1 - 1e-3 and one that starts
+    off with probability < 1 - exp(-1 ms / 0.3 s) = 0.33%: the share of runs whose first
+    arrival is under 1 ms is 0.25 within 0.003. Binomial over 1000 runs: SE
+    sqrt(0.25 * 0.75 / 1000) = 0.014, checked within 5 SE."""
+    w = bs.Bursty(on_rate_rps=1e4, off_rate_rps=0.0, mean_on_s=0.1, mean_off_s=0.3)
+    runs, g = 1000, rng(5)
+    share = np.mean([w.arrivals_s(1, g)[0] < 1e-3 for _ in range(runs)])
+    assert abs(share - 0.25) < 5 * math.sqrt(0.25 * 0.75 / runs)
