@@ -18,6 +18,9 @@ def streams(seed) -> tuple[np.random.Generator, np.random.Generator]:
     The two children are the ones a fresh ``SeedSequence`` of ``seed`` would spawn first,
     made without spawning: a ``SeedSequence`` passed in is left as it was, so passing it
     again gives the same run (``spawn`` would move it on to new children each time).
+    They are its first two children whether or not it has spawned them already: to give
+    runs seeds of their own, pass each run one of ``root.spawn(n)``, not ``root`` beside
+    children of it used elsewhere.
     """
     if not isinstance(seed, np.random.SeedSequence) and (
             isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
