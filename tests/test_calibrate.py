@@ -21,8 +21,11 @@ from batchsim.calibrate import (
     CALIBRATION_LOADS,
     CAPACITY_TOLERANCE,
     WARM_BATCHES,
+    _due_s,
+    _merged_bins,
     _release_table,
     _releases,
+    _timer,
     at_speed,
     batch_residuals,
     capacity_check,
@@ -195,6 +198,27 @@ def test_worker_time_ratio_is_the_mean_speed_when_slow_batches_are_slower_than_c
     se = real.jitter_cv * real.jitter_mean * np.sqrt((weights**2).sum())
     assert expected == pytest.approx(1.16, abs=0.01)
     assert abs(worker_time_ratio(calibrated, run) - expected) < 4 * se, (expected, se)
+
+
+def test_worker_time_ratio_is_one_at_the_calibrations_speed_with_a_skewed_spread():
+    """A run simulated with the calibration itself, whose spread is skewed (quantiles
+    0.9, 1.0, 1.0, 1.6: median 1, mean 1.0833): each batch holds its worker its typical
+    time times a draw from the spread, so the ratio of totals over the mean's
+    expectation is 1 within four standard errors (the draw's CV times the root of the
+    sum of the squared weights, each batch's share of the typical time); over the
+    median's it would read 1.0833, many standard errors off. No costs outside the
+    spread; the slowest batch is 0.8 ms over its median time, within ``STALL_MS``."""
+    no_costs = {"arrival_ms": 0.0, "first_arrival_ms": 0.0, "wake_ms": (0.0, 0.0)}
+    svc = costly_service((0.9, 1.0, 1.0, 1.6), **no_costs)
+    assert svc.jitter_mean == pytest.approx(3.25 / 3)
+    run = bs.simulate(bs.Poisson(0.5 * svc.capacity_rps(8)), bs.BatchPolicy(8, 0.5), svc,
+                      n_requests=4000, seed=7)
+    table = batch_residuals(svc, run)
+    assert (table["worker_ms"] - table["typical_ms"]).max() < bs.calibrate.STALL_MS
+    weights = table["typical_ms"] / table["typical_ms"].sum()
+    se = svc.jitter_cv * np.sqrt((weights**2).sum())
+    assert svc.jitter_mean - 1 > 10 * se, se        # the median's reading is far off
+    assert abs(worker_time_ratio(svc, run) - 1.0) < 4 * se, se
 
 
 def test_worker_time_ratio_leaves_out_a_batch_stalled_by_the_machine():
@@ -573,6 +597,77 @@ def test_releases_leave_out_those_the_loop_took_in_awake_for_a_send():
     assert _releases([res], react_ms=0.004)[1].size == 3   # 5 us after: not within 4
 
 
+def test_a_batch_is_due_at_its_heads_trigger_by_the_recorded_arrivals():
+    """Fixed-size batches of four; arrivals at 0, 1, 2 and 3 ms and a last one at 10 ms.
+    The first batch is due when its fourth request arrives, at 3 ms; the second, a lone
+    request, when the stream closes with it, at 10 ms. Under max_wait 2.5 ms the first
+    is due at 2.5 ms."""
+    rec = RunRecorder(np.array([0.0, 1.0, 2.0, 3.0, 10.0]) * MS, 1)
+    rec.dispatch([0, 1, 2, 3], 3.2 * MS, 4.0 * MS, 0, bs.policy.SIZE)
+    rec.dispatch([4], 10.1 * MS, 11.0 * MS, 0, bs.policy.FLUSH)
+    res = rec.result()
+    res.meta["policy"] = bs.BatchPolicy(4, math.inf)
+    assert _due_s(res).tolist() == [3.0 * MS, 10.0 * MS]
+    res.meta["policy"] = bs.BatchPolicy(4, 2.5)
+    np.testing.assert_allclose(_due_s(res), [2.5 * MS, 10.0 * MS], rtol=1e-12)
+
+
+def test_a_sparse_bin_joins_the_next_one_up_and_the_last_the_one_below():
+    """Bins with fewer than 10 batches: bin 1 (3 batches) joins bin 2, which with them
+    still has 6 and joins bin 3; the last bin, 5, joins bin 3 below it (4 is empty)."""
+    bins = np.array([0] * 10 + [1] * 3 + [2] * 3 + [3] * 10 + [5] * 4)
+    merged, levels = _merged_bins(bins, 10)
+    assert levels == [0, 3]
+    assert merged.tolist() == [0] * 10 + [3] * 20
+    assert bins.tolist() == [0] * 10 + [1] * 3 + [2] * 3 + [3] * 10 + [5] * 4  # a copy
+    # A single bin stays, however few its batches.
+    assert _merged_bins(np.array([4, 4]), 10)[1] == [4]
+
+
+def _fit_timer(monkeypatch, delays_ms, late_ms):
+    """``_timer`` fitted on the given probes instead of measured ones."""
+    probes = np.column_stack([delays_ms, late_ms])
+    monkeypatch.setattr(bs.calibrate, "timer_lateness_ms", lambda n, seed: probes)
+    return _timer(len(probes), 0)
+
+
+#: Probe delays (ms): 200 spread evenly (a golden-ratio sequence) over 0.05-2.95 ms.
+TIMER_DELAYS_MS = 0.05 + 2.9 * ((np.arange(200) * 0.6180339887) % 1.0)
+
+
+def test_the_timer_fit_finds_the_grid_and_the_lighter_sleeps_latency(monkeypatch):
+    """Timers that fire on a 1 ms grid counted from when they were armed, then 0.1 ms
+    late for two probes in five and 0.2 ms for the rest (a deeper sleep): the 1 ms grid
+    leaves only the two latencies, and the latency is their 25th percentile, 0.1 ms,
+    not the median, 0.2."""
+    d = TIMER_DELAYS_MS
+    latency_ms = np.where(np.arange(d.size) % 5 < 2, 0.1, 0.2)
+    resolution, latency, record = _fit_timer(monkeypatch, d, np.ceil(d) - d + latency_ms)
+    assert resolution == 1.0
+    assert latency == pytest.approx(0.1, abs=1e-12)
+    assert record["residual_median_ms"] == pytest.approx(0.2, abs=1e-12)
+    assert record["residual_mad_ms"] == pytest.approx(0.4 * 0.1, abs=1e-12)
+    assert record["n"] == d.size
+
+
+def test_the_timer_fit_refuses_a_grid_that_puts_timers_after_they_fired(monkeypatch):
+    """On a 1 ms grid and 0.1 ms late, but 19 timers in 200 (every tenth the grid gives
+    0.1 ms or more) fired 0.1 ms before the grid's instant. That grid still spreads its
+    residuals least (0.019 ms), but it would predict those 9.5% of the timers 0.1 ms
+    later than they fired, past the 0.02 ms allowed at the 5th percentile: refused, the
+    fit takes a grid that predicts no more than 5% of them that late."""
+    d = TIMER_DELAYS_MS
+    grid = np.ceil(d) - d
+    early = (np.arange(d.size) % 10 == 0) & (grid >= 0.1)  # none fired before it was due
+    assert early.mean() > 0.09
+    late = grid + np.where(early, -0.1, 0.1)
+    resolution, latency, record = _fit_timer(monkeypatch, d, late)
+    assert resolution != 1.0
+    rounding = np.ceil(d / resolution) * resolution - d if resolution > 0 else 0.0
+    assert np.quantile(late - rounding, 0.05) >= -0.02
+    assert record["residual_mad_ms"] > 0.02
+
+
 def test_the_release_table_takes_medians_near_the_profile_sizes_and_merges_sparse_ones():
     """Thirty releases of 20 us after batches of one and thirty of 30 us after batches of
     four; five of 50 us after batches of two are too few for an entry of their own and
@@ -670,6 +765,28 @@ def test_compare_gives_the_exact_errors_of_constructed_runs():
     row = c.row()
     assert row["err_latency_ms_p50"] == pytest.approx(0.1)
     assert row["real_latency_ms_p50"] == pytest.approx(3.0)
+
+
+def test_compare_leaves_the_warmup_out_of_the_table_and_the_errors():
+    """Five requests a batch each; the first (the warm-up, a fifth) 100 ms slower in the
+    simulation. Left out: the means are of 2, 3, 4, 5 ms and 2, 3.3, 4, 5.5 ms (3.5 and
+    3.7), throughput counts four requests from the second arrival (10 ms) to the last
+    finish (45 and 45.5 ms), and the errors 0, 0.3, 0, 0.5 ms give the quantiles; the
+    per-request errors still hold the first."""
+    arrival_s = [0.0, 0.01, 0.02, 0.03, 0.04]
+    real = one_request_batches([1.0, 2.0, 3.0, 4.0, 5.0], arrival_s)
+    sim = one_request_batches([101.0, 2.0, 3.3, 4.0, 5.5], arrival_s)
+    c = compare(real, sim, warmup_frac=0.2)
+    t = c.table
+    assert t.loc["latency_ms_mean", "real"] == pytest.approx(3.5)
+    assert t.loc["latency_ms_mean", "rel_error"] == pytest.approx(3.7 / 3.5 - 1)
+    assert t.loc["latency_ms_p50", "rel_error"] == pytest.approx(3.65 / 3.5 - 1)
+    assert t.loc["throughput_rps", "rel_error"] == pytest.approx(0.035 / 0.0355 - 1)
+    # Sorted 0, 0, 0.3, 0.5; the p-th percentile interpolates at position 3p/100.
+    assert c.error_quantiles_ms == pytest.approx(
+        {1: 0.0, 5: 0.0, 25: 0.0, 50: 0.15, 75: 0.35, 95: 0.47, 99: 0.494})
+    assert c.abs_error_ms_median == pytest.approx(0.15)
+    np.testing.assert_allclose(c.error_ms, [100.0, 0.0, 0.3, 0.0, 0.5], atol=1e-9)
 
 
 def test_compare_skips_requests_either_run_lost_and_refuses_other_lengths():

@@ -7,6 +7,7 @@ import random
 import re
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -113,6 +114,15 @@ def check_rule(res, policy):
         members = np.flatnonzero(res.batch_id == k)
         assert members.tolist() == rest[:rule.batch_size(policy, rest.size)].tolist()
         free_s[w] = res.end_s[k]
+    # Expiry on the recorded times, which are the very floats the batcher decided with:
+    # a request that waited strictly longer than timeout_ms expired (whether or not a
+    # batch left then), and none that ran had waited longer when its batch left.
+    gone = status == EXPIRED
+    waited_s = dequeue[gone] - arrival[gone]
+    assert (waited_s > policy.timeout_s).all(), waited_s[waited_s <= policy.timeout_s]
+    ran = res.batch_id >= 0
+    waited_s = res.dispatch_s[ran] - arrival[ran]
+    assert (waited_s <= policy.timeout_s).all(), waited_s[waited_s > policy.timeout_s]
 
 
 def slow_affine(base_ms, per_item_ms):
@@ -166,6 +176,79 @@ def test_full_queue_leaves_by_the_size_trigger_with_infinite_wait():
     ys, res = run(main())
     assert torch.equal(torch.stack(ys), 2 * inputs(8) + 1)
     assert res.size.tolist() == [4, 4] and res.trigger.tolist() == [rule.SIZE] * 2
+
+
+def test_the_submit_that_fills_the_queue_dispatches_without_close():
+    """Fixed-size batching: nothing is due until the fourth request, whose submit fills
+    the queue and must wake a decision itself (no timer is set, close has not come)."""
+    async def main():
+        async with DynamicBatcher(Affine(), bs.BatchPolicy(4, math.inf)) as b:
+            futs = []
+            for x in inputs(4):
+                futs.append(b.submit_nowait(x))
+                await asyncio.sleep(0.001)   # each submit in a loop turn of its own
+            # Bounds a hang (the batch would wait for close), not a speed.
+            ys = await asyncio.wait_for(asyncio.gather(*futs), HANG_S / 4)
+        return ys, b.result()
+
+    ys, res = run(main())
+    assert torch.equal(torch.stack(ys), 2 * inputs(4) + 1)
+    assert res.size.tolist() == [4] and res.trigger.tolist() == [rule.SIZE]
+    assert res.start_s[0] < res.meta["close_s"]
+    assert res.start_s[0] >= res.arrival_s[3]
+
+
+def test_the_lowest_numbered_free_worker_takes_each_batch():
+    """Two workers: a batch held on the gate keeps worker 0, so the next goes to worker
+    1; once both are free again, requests sent one at a time all go to worker 0."""
+    gate = threading.Event()
+
+    async def main():
+        async with DynamicBatcher(Affine(gate=gate), bs.BatchPolicy(1, 0.0), workers=2) as b:
+            held = b.submit_nowait(inputs(1)[0])
+            await asyncio.sleep(0.01)            # its batch holds worker 0 on the gate
+            other = b.submit_nowait(inputs(1)[0])
+            await asyncio.sleep(0.01)
+            gate.set()
+            await asyncio.gather(held, other)
+            for x in inputs(3):
+                await b.submit(x)
+        return b.result()
+
+    res = run(main())
+    assert res.worker.tolist() == [0, 1, 0, 0, 0]
+
+
+def test_expiry_is_strictly_past_timeout_ms_on_the_batchers_own_clock(monkeypatch):
+    """The batcher's clock (``perf_counter`` in its module) stands still where the test
+    sets it, so the instants are exact. Greedy, timeout 5 ms: requests arrive at 4.6,
+    4.9, 5.0 and 5.3 ms and the batch is formed at 10 ms, after waits of 5.4, 5.1, 5.0
+    and 4.7 ms: the first two expire, the one that waited exactly 5 ms and the last run."""
+    from batchsim.real import batcher as batcher_module
+
+    clock_s = [0.0]
+    monkeypatch.setattr(batcher_module, "time", types.SimpleNamespace(
+        perf_counter=lambda: clock_s[0], time=time.time))
+    policy = bs.BatchPolicy(8, 0.0, timeout_ms=5.0)
+    xs = inputs(4)
+
+    async def main():
+        async with DynamicBatcher(Affine(), policy) as b:
+            futs = []
+            for t_ms, x in zip((4.6, 4.9, 5.0, 5.3), xs, strict=True):
+                clock_s[0] = t_ms * 1e-3
+                futs.append(b.submit_nowait(x))
+            clock_s[0] = 10e-3               # the decision, woken by the first submit
+            outs = await asyncio.gather(*futs, return_exceptions=True)
+        return outs, b.result()
+
+    outs, res = run(main())
+    assert all(isinstance(o, TimeoutError) for o in outs[:2])
+    assert torch.equal(torch.stack(outs[2:]), 2 * xs[2:] + 1)
+    assert res.status.tolist() == [EXPIRED, EXPIRED, COMPLETED, COMPLETED]
+    assert res.dequeue_s.tolist() == [10e-3] * 4
+    assert res.start_s.tolist() == [10e-3] and res.size.tolist() == [2]
+    check_rule(res, policy)
 
 
 def test_close_flushes_a_partial_batch():
