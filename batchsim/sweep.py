@@ -4,9 +4,8 @@
 workers x seed and returns a pandas DataFrame, one row per run: the configuration, then
 the summary numbers. Common random numbers: a run's arrivals depend on its seed alone,
 so for a given seed every configuration at one load sees the same arrival times and
-differences between rows come from the policy, not from noise. Poisson, Constant, Gamma
-and Trace arrivals are also the same ones rescaled from load to load; Bursty, Ramp and
-Diurnal draw theirs anew at each rate.
+differences between rows come from the policy, not from noise; and from load to load
+they are the same arrivals moved, not drawn anew (``batchsim.workload``).
 
 Runs go to a ``concurrent.futures.Executor`` in chunks: by default a process pool over
 all local cores, or any executor passed in, such as a Dask cluster's

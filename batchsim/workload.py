@@ -3,6 +3,13 @@
 Every workload has ``arrivals_s(n, rng)`` (the first ``n`` arrival instants, sorted,
 starting after time 0), ``rate_rps`` (its long-run mean rate) and ``with_rate(rate_rps)``
 (the same shape of traffic scaled to another mean rate, used by sweeps over load).
+
+The processes whose rate varies in time (Bursty, Ramp, Diurnal) are drawn by a change of
+time: a unit-rate Poisson process of "expected arrivals" ``w_1 < w_2 < ...`` mapped
+through the inverse of the cumulative rate ``W(t)``, the expected arrivals by ``t``. It is
+exact (no thinning), and a seed gives the same ``w`` at every rate: ``with_rate(f * r)``
+multiplies ``W`` by ``f``, so from load to load the arrivals move, they are not drawn anew
+(common random numbers, as for Poisson and Gamma).
 """
 
 from __future__ import annotations
@@ -141,45 +148,48 @@ class Bursty(Workload):
                        off_rate_rps=self.off_rate_rps * factor)
 
     def arrivals_s(self, n, rng):
-        n = _n(n)
-        on = rng.random() < self._on_share
-        chunks, count, t = [], 0, 0.0
-        while count < n:
-            mean_s, rate = ((self.mean_on_s, self.on_rate_rps) if on
-                            else (self.mean_off_s, self.off_rate_rps))
-            dwell_s = rng.exponential(mean_s)
-            k = rng.poisson(rate * dwell_s)
-            if k:
-                chunks.append(t + np.sort(rng.uniform(0.0, dwell_s, k)))
-                count += k
-            t += dwell_s
-            on = not on
-        return np.concatenate(chunks)[:n]
+        work = _unit_poisson(_n(n), rng)
+        on = rng.random() < self._on_share          # the state of the first spell
+        out, done, spells = np.empty(work.size), 0, _SPELLS
+        t0_s = w0 = 0.0
+        while done < work.size:
+            # A block of spells, alternating from the state ``on``: their lengths, rates
+            # and the expected arrivals by each one's start. The blocks grow, so that
+            # traffic of far less than an arrival a spell still takes few of them.
+            state_on = np.arange(spells) % 2 == (0 if on else 1)
+            dwell_s = rng.standard_exponential(spells) * np.where(
+                state_on, self.mean_on_s, self.mean_off_s)
+            rate = np.where(state_on, self.on_rate_rps, self.off_rate_rps)
+            start_s = t0_s + np.r_[0.0, np.cumsum(dwell_s)[:-1]]
+            start_w = w0 + np.r_[0.0, np.cumsum(rate * dwell_s)[:-1]]
+            end_w = start_w[-1] + rate[-1] * dwell_s[-1]
+            stop = done + int(np.searchsorted(work[done:], end_w, "right"))
+            # Each arrival in this block, in the spell where W passes it (a spell without
+            # arrivals, W flat, is never chosen: its start equals the next one's).
+            k = np.searchsorted(start_w, work[done:stop], "right") - 1
+            out[done:stop] = start_s[k] + (work[done:stop] - start_w[k]) / rate[k]
+            done, t0_s, w0 = stop, start_s[-1] + dwell_s[-1], end_w
+            spells = min(2 * spells, _MAX_SPELLS)
+        return out
 
 
-def _thinned(rate_at, peak_rps: float, n: int, rng: np.random.Generator) -> np.ndarray:
-    """First ``n`` points of a Poisson process with rate ``rate_at(t) <= peak_rps`` (thinning).
+#: Spells ``Bursty`` draws in its first block, and at most in one (even numbers, so each
+#: block starts in the same state as the first; the draws do not depend on the blocks).
+_SPELLS, _MAX_SPELLS = 4096, 1 << 20
 
-    Lewis & Shedler (1979): draw a homogeneous process at the peak rate and keep each
-    point at ``t`` with probability ``rate_at(t) / peak_rps``.
-    """
-    kept, count, t0 = [], 0, 0.0
-    chunk = max(1024, 2 * n)
-    while count < n:
-        t = t0 + np.cumsum(rng.exponential(1.0 / peak_rps, chunk))
-        keep = t[rng.random(chunk) * peak_rps < rate_at(t)]
-        kept.append(keep)
-        count += keep.size
-        t0 = t[-1]
-    return np.concatenate(kept)[:n]
+
+def _unit_poisson(n: int, rng: np.random.Generator) -> np.ndarray:
+    """The first ``n`` points of a Poisson process of rate 1: the expected arrivals by
+    each arrival of any process, mapped to time by its cumulative rate (module docstring)."""
+    return np.cumsum(rng.standard_exponential(n))
 
 
 @dataclass(frozen=True)
 class Ramp(Workload):
     """Poisson arrivals whose rate moves linearly from ``start_rps`` to ``end_rps``.
 
-    The rate changes over ``duration_s`` and then stays at ``end_rps``; drawn by
-    thinning. ``rate_rps`` (the mean used for load scaling) is the mean over the ramp.
+    The rate changes over ``duration_s`` and then stays at ``end_rps``.
+    ``rate_rps`` (the mean used for load scaling) is the mean over the ramp.
     """
 
     start_rps: float
@@ -201,7 +211,14 @@ class Ramp(Workload):
         return self.start_rps + (self.end_rps - self.start_rps) * frac
 
     def arrivals_s(self, n, rng):
-        return _thinned(self.rate_at, max(self.start_rps, self.end_rps), _n(n), rng)
+        work = _unit_poisson(_n(n), rng)
+        s, e, d = self.start_rps, self.end_rps, self.duration_s
+        ramp_w = 0.5 * (s + e) * d                    # expected arrivals over the ramp
+        # On the ramp W(t) = s t + (e - s) t^2 / (2 d); its root, in the form without
+        # cancellation (also for e = s): t = 2 w / (s + sqrt(s^2 + 2 (e - s) w / d)).
+        on_ramp = np.minimum(work, ramp_w)
+        t_s = 2 * on_ramp / (s + np.sqrt(np.maximum(s * s + 2 * (e - s) * on_ramp / d, 0.0)))
+        return np.where(work <= ramp_w, t_s, d + (work - ramp_w) / e)
 
 
 @dataclass(frozen=True)
@@ -209,7 +226,7 @@ class Diurnal(Workload):
     """Poisson arrivals with a sinusoidal rate: ``rate_rps * (1 + amplitude*sin(2πt/period_s))``.
 
     A compressed day: traffic swings between ``(1 - amplitude)`` and ``(1 + amplitude)``
-    times the mean. Drawn by thinning.
+    times the mean.
     """
 
     rate_rps: float
@@ -228,8 +245,23 @@ class Diurnal(Workload):
         phase = 2 * math.pi * np.asarray(t_s, dtype=float) / self.period_s
         return self.rate_rps * (1 + self.amplitude * np.sin(phase))
 
+    def expected_arrivals(self, t_s):
+        """``W(t)``, the expected arrivals by ``t_s``: the rate's integral from 0."""
+        t = np.asarray(t_s, dtype=float)
+        swing = self.amplitude * self.period_s / (2 * math.pi)
+        return self.rate_rps * (t + swing * (1 - np.cos(2 * math.pi * t / self.period_s)))
+
     def arrivals_s(self, n, rng):
-        return _thinned(self.rate_at, self.rate_rps * (1 + self.amplitude), _n(n), rng)
+        work = _unit_poisson(_n(n), rng)
+        # W(t) lies between rate t and rate t + rate * amplitude * period / pi: bisect
+        # that bracket, which halves to below a float's resolution in 60 steps.
+        hi = work / self.rate_rps
+        lo = np.maximum(hi - self.amplitude * self.period_s / math.pi, 0.0)
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            below = self.expected_arrivals(mid) < work
+            lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+        return hi
 
 
 class Trace(Workload):

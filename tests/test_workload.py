@@ -65,8 +65,10 @@ def test_ramp_rate_rises():
     times = w.arrivals_s(20_000, rng())
     early = np.sum(times < 2.0) / 2.0
     late = np.sum((times > 18.0) & (times < 20.0)) / 2.0
-    # Expected mean counts 190/s and 955/s: Poisson counts, 6 sigma apart from each other.
-    assert abs(early - 190.0) < 6 * math.sqrt(190 * 2) / 2
+    # Expected mean counts, the rate's integral over the window over its 2 s: 145/s early
+    # (290 arrivals; it had said 190/s, the rate at 2 s, and passed by 0.9 of its
+    # tolerance) and 955/s late. Poisson counts, each checked within 6 SD.
+    assert abs(early - 145.0) < 6 * math.sqrt(145 * 2) / 2
     assert abs(late - 955.0) < 6 * math.sqrt(955 * 2) / 2
 
 
@@ -179,7 +181,7 @@ def test_diurnal_rate_rises_first():
     assert abs(np.sum(times < 5.0) - expected) < 6 * math.sqrt(expected)
 
 
-def test_thinning_keeps_the_mean_rate_over_whole_periods():
+def test_diurnal_keeps_the_mean_rate_over_whole_periods():
     """Over 40 whole periods the Diurnal count is Poisson with mean rate * 40 s = 4e5:
     within 6 SD, a relative 6 / sqrt(4e5) = 0.95%."""
     w = bs.Diurnal(10_000.0, amplitude=0.8, period_s=1.0)
@@ -200,3 +202,42 @@ def test_bursty_starts_in_a_state_drawn_from_the_stationary_law():
     runs, g = 1000, rng(5)
     share = np.mean([w.arrivals_s(1, g)[0] < 1e-3 for _ in range(runs)])
     assert abs(share - 0.25) < 5 * math.sqrt(0.25 * 0.75 / runs)
+
+
+@pytest.mark.parametrize("w", [bs.Bursty(3000.0, 50.0, 0.05, 0.1), bs.Ramp(100.0, 1000.0, 2.0),
+                               bs.Diurnal(1000.0, 0.9, period_s=0.5)], ids=repr)
+def test_at_a_higher_rate_the_same_arrivals_come_earlier(w):
+    """Common random numbers across loads: with the same seed, twice the rate moves
+    every arrival earlier (independent draws would put some later)."""
+    slow = w.arrivals_s(5000, rng(8))
+    fast = w.with_rate(2 * w.rate_rps).arrivals_s(5000, rng(8))
+    assert np.all(fast <= slow) and np.all(fast > 0)
+
+
+def ramp_expected_arrivals(w, t_s):
+    """The ramp's cumulative rate: quadratic over the ramp, then linear at ``end_rps``."""
+    on = np.minimum(t_s, w.duration_s)
+    ramp = w.start_rps * on + (w.end_rps - w.start_rps) * on**2 / (2 * w.duration_s)
+    return ramp + w.end_rps * (t_s - on)
+
+
+@pytest.mark.parametrize("w, expected_arrivals", [
+    (bs.Diurnal(1000.0, amplitude=1.0, period_s=0.3), None),     # the rate touches 0
+    (bs.Ramp(100.0, 1000.0, 2.0), ramp_expected_arrivals),
+    (bs.Ramp(1000.0, 10.0, 2.0), ramp_expected_arrivals),        # falling, then slow
+    (bs.Ramp(500.0, 500.0 * (1 + 1e-12), 2.0), ramp_expected_arrivals),   # nearly flat
+], ids=repr)
+def test_arrivals_are_the_cumulative_rate_inverted_at_unit_poisson_points(w,
+                                                                          expected_arrivals):
+    """The change of time: W(t_k) is the k-th point of a unit-rate Poisson process (the
+    seed's standard exponentials, summed), to float resolution; and at twice the rate
+    W is twice as steep at the same points."""
+    def cumulative(workload, t_s):
+        return (workload.expected_arrivals(t_s) if expected_arrivals is None
+                else expected_arrivals(workload, t_s))
+
+    work = np.cumsum(rng(9).standard_exponential(4000))
+    for factor in (1.0, 2.0):
+        scaled = w.with_rate(factor * w.rate_rps)
+        times = scaled.arrivals_s(4000, rng(9))
+        np.testing.assert_allclose(cumulative(scaled, times), work, rtol=1e-9, atol=1e-9)
