@@ -15,7 +15,7 @@ import numpy as np
 def _real(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number, got {value!r}")
-    value = float(value)
+    value = float(value) + 0.0          # -0.0 is 0.0
     if math.isnan(value):
         raise ValueError(f"{name} must not be NaN, got {value!r}")
     return value

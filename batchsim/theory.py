@@ -204,7 +204,7 @@ def _chain_terms(rate, service, q, a, b):
     rest = q - k
     s = np.asarray(service.mean_s(k), float)
     mean = rate * s                                          # arrivals during each batch
-    tail = np.ceil(mean + 40 * np.sqrt(mean) + 40).astype(int)  # beyond: below 1e-300
+    tail = np.ceil(mean + 40 * np.sqrt(mean) + 40).astype(int)  # beyond: below 1e-120
     log_fact = _log_factorials(max(q[-1] + 1, tail.max()))
     trans = np.zeros((n, n))
     idle_area = np.zeros(n)

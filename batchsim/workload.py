@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -85,7 +86,8 @@ class Constant(Workload):
 #: millionth, and far below it the gamma shape ``1 / cv**2`` overflows (cv under 1e-154).
 MIN_CV = 1e-6
 #: The largest: at cv 100 (shape 1e-4) already 93% of the gaps are below 1e-300 s, so
-#: the requests come in a few clumps at one instant each; beyond, the shape underflows.
+#: the requests come in a few clumps at one instant each (and past cv 1e154 the shape
+#: ``1 / cv**2`` underflows to 0).
 MAX_CV = 100.0
 
 
@@ -276,10 +278,11 @@ class Trace(Workload):
 
     def __init__(self, times_s):
         try:
-            times = np.array(times_s, dtype=float)
+            given = np.asarray(times_s)
+            times = None if given.dtype.kind in "USO" else np.array(given, dtype=float)
         except (TypeError, ValueError):
             times = None
-        if times is None or isinstance(times_s, (str, bytes)) or times.ndim != 1:
+        if times is None or times.ndim != 1:
             raise ValueError(f"times_s must be a one-dimensional sequence of numbers "
                              f"(seconds), got {times_s!r:.80}")
         if times.size == 0:
@@ -321,6 +324,8 @@ class Trace(Workload):
     @classmethod
     def from_csv(cls, path, column: str | int = 0) -> Trace:
         """Read arrival times in seconds from a CSV column (by header name or index)."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise ValueError(f"path must be a file path, got {path!r}")
         if isinstance(column, bool) or not isinstance(column, (str, int)):
             raise ValueError(f"column must be a header name or an index, got {column!r}")
         if not Path(path).is_file():

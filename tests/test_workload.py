@@ -114,6 +114,8 @@ def test_with_rate_rescales_the_mean_rate(workload):
     (lambda: bs.Trace({0: 0.1}), "times_s must be a one-dimensional sequence of numbers"),
     (lambda: bs.Trace(None), "times_s must be a one-dimensional sequence of numbers"),
     (lambda: bs.Trace("0.5"), "times_s must be a one-dimensional sequence of numbers"),
+    (lambda: bs.Trace(["0.1", "0.2"]), "times_s must be a one-dimensional sequence of numbers"),
+    (lambda: bs.Trace.from_csv(123), "path must be a file path, got 123"),
     (lambda: bs.Trace([[0.1, 0.2], [0.3, 0.4]]), "one-dimensional"),
     (lambda: bs.Poisson(10.0).arrivals_s(0, rng()), "n_requests"),
     (lambda: bs.Trace([0.1, 0.2]).arrivals_s(3), "n_requests"),

@@ -347,7 +347,9 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
     ``t + react``, and sends every request due by then -- they reach the batcher at that
     instant -- and the decision it asks for comes ``react`` later still; then the loop
     sleeps. With ``react`` 0 the generator's step and the decision coincide, so what it
-    sends joins the decision, as the rule has a request arriving at a dispatch's instant.
+    sends joins the decision, as the rule has a request arriving at a dispatch's instant
+    (a limit reached with a jump: with any ``react`` above 0, requests that fell due while
+    the loop slept miss the batch its timer fires; calibrations fit 10-20 us).
     Each request that reaches the batcher while a batch runs delays it by
     ``arrival_ms``, and the first by ``first_arrival_ms`` more, as in the other engines:
     those sent in the turn right after its dispatch too, though they were due before it
