@@ -79,8 +79,10 @@ def test_fast_matches_simpy_when_everything_ties(workload, policy, service, work
 def test_long_runs_match(workload, policy, service, workers, dropped):
     fast, simpy = both(workload, policy, service, 20_000, workers, seed=7)
     assert_same_run(fast, simpy)
-    # The runs are long and really exercise the features they are meant to.
-    assert fast.n_batches > 1000
+    # The runs are long and really exercise the features they are meant to. The bursty
+    # run has the fewest batches: 809 on average over 40 seeds, sd 166 (a run holds only
+    # some 30 bursts); 100 is more than 4.5 sd below (1000 had held on seed 7 by luck).
+    assert fast.n_batches > 100
     for status in dropped:
         assert (fast.status == status).sum() > 100
 
