@@ -42,12 +42,32 @@ def _output_file(text: str) -> str:
 
 def _positive_int(text: str) -> int:
     """An argparse type: an integer >= 1."""
+    return _int_from(text, 1)
+
+
+def _seed(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    return _int_from(text, 0)
+
+
+def _int_from(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be an integer >= {least}, got {text!r}")
+    return value
+
+
+def _positive_number(text: str) -> float:
+    """An argparse type: a positive finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
     return value
 
 
@@ -72,7 +92,8 @@ def add_model_arguments(p: argparse.ArgumentParser, grid: bool = False) -> None:
     With ``grid`` (sweeps), ``--workers`` and ``--seed`` take several values.
     """
     several = {"nargs": "+"} if grid else {}
-    p.add_argument("--rate", type=float, required=True, help="mean arrival rate, requests/s")
+    p.add_argument("--rate", type=_positive_number, required=True,
+                   help="mean arrival rate, requests/s")
     p.add_argument("--arrivals", choices=["poisson", "constant", "gamma"], default="poisson")
     p.add_argument("--cv", type=float, help="gap CV for --arrivals gamma (default 1.0)")
     svc = p.add_mutually_exclusive_group()
@@ -83,7 +104,7 @@ def add_model_arguments(p: argparse.ArgumentParser, grid: bool = False) -> None:
                    help="service-time CV (default: the service's own; 0 for none)")
     p.add_argument("--workers", type=int, default=[1] if grid else 1, **several)
     p.add_argument("-n", "--n-requests", type=int, default=100_000)
-    p.add_argument("--seed", type=int, default=[0] if grid else 0, **several)
+    p.add_argument("--seed", type=_seed, default=[0] if grid else 0, **several)
     p.add_argument("--engine", choices=ENGINES, default="auto")
 
 
@@ -325,7 +346,7 @@ def _args_validate(p):
                    "the default with --cpu, --no-keep-awake to let it idle)")
     p.add_argument("--duration-s", type=float, default=1.0, help="seconds of traffic a run")
     p.add_argument("-n", "--n-requests", type=int, default=1000, help="at least this many")
-    p.add_argument("--seed", type=int, default=1, help="seed of the arrivals (calibration "
+    p.add_argument("--seed", type=_seed, default=1, help="seed of the arrivals (calibration "
                    "uses its own)")
     p.add_argument("--repeat", action="store_true",
                    help="run the real batcher twice: how far it is from itself")

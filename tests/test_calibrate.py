@@ -1058,7 +1058,7 @@ def test_validate_on_given_cpus_runs_the_batcher_there(tmp_path, awake, which):
     (["--grid", "max_batch_size=0"], "max_batch_size must be an integer >= 1, got 0"),
     (["--duration-s", "inf"], "duration_s must be a positive finite number, got inf"),
     (["-n", "0"], "n_requests must be an integer >= 1, got 0"),
-    (["--seed", "-1"], "seed must be an integer >= 0"),
+    (["--seed", "-1"], "argument --seed: must be an integer >= 0, got '-1'"),
     (["--cpu", "0-100000000"], "--cpu must be CPU numbers like 0, 2-5 or 2,3,8-9"),
     (["--save-calibration", "/"], "argument --save-calibration: '/' is a folder, not a file"),
     (["--out", "/no/such/folder/errors.csv"],
