@@ -1,10 +1,13 @@
 """DynamicBatcher: the rule it dispatches by, its data path and its failure semantics."""
 
 import asyncio
+import json
 import math
 import os
 import random
 import re
+import subprocess
+import sys
 import threading
 import time
 import types
@@ -984,3 +987,51 @@ def test_cuda_graphs_give_the_eager_answers_on_the_gpu(name, pipeline):
     graphed, meta = run(main(True))
     assert meta["cuda_graphs"]["workers_with_graphs"] == 2, meta["cuda_graphs"]
     torch.testing.assert_close(graphed, eager, rtol=1e-3, atol=1e-3)
+
+
+#: Run in a process of its own by the test below, so that a capture it breaks breaks no
+#: other test's.
+CAPTURE_AFTER_A_FAILED_ONE = """
+import asyncio, json, sys
+import torch
+import batchsim as bs
+from batchsim.real import DynamicBatcher
+from batchsim.real.models import make_model
+
+mlp = make_model("mlp", device="cuda", size="tiny")
+
+def syncing(x):
+    y = mlp(x)
+    return y * (1.0 + 0.0 * y.sum().item())    # a host sync: no graph can hold it
+
+syncing.input_spec = mlp.input_spec
+xs = mlp.input_spec.random(20, seed=6)
+
+async def main(model):
+    async with DynamicBatcher(model, bs.BatchPolicy(8, 0.5), workers=2,
+                              pipeline=sys.argv[1] == "pipeline", cuda_graphs=True) as b:
+        ys = await asyncio.gather(*(b.submit(x) for x in xs))
+    return torch.stack(ys).cpu(), b.result().meta["cuda_graphs"]
+
+eager, failed = asyncio.run(main(syncing))
+graphed, meta = asyncio.run(main(mlp))
+print(json.dumps({"failed": failed, "later": meta,
+                  "same": torch.allclose(graphed, eager, rtol=1e-3, atol=1e-3)}))
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_failed_cuda_graph_capture_leaves_later_captures_working(pipeline):
+    """A model that reads a value back to the host (``.item()``) cannot be captured: its
+    batcher runs it eagerly and says why. On PyTorch builds without pytorch#180395 such
+    a failed capture could leave the allocator believing a capture still runs, and
+    every later batcher in the process would fall back to eager too."""
+    run_ = subprocess.run([sys.executable, "-c", CAPTURE_AFTER_A_FAILED_ONE,
+                           "pipeline" if pipeline else "threads"],
+                          capture_output=True, text=True, timeout=300)
+    assert run_.returncode == 0, run_.stderr[-3000:]
+    out = json.loads(run_.stdout.strip().splitlines()[-1])
+    assert out["failed"]["workers_with_graphs"] == 0
+    assert "capture failed, eager" in out["failed"]["errors"][0], out
+    assert out["later"]["workers_with_graphs"] == 2 and out["later"]["errors"] == [], out
+    assert out["same"], out
