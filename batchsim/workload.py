@@ -166,19 +166,19 @@ class Bursty(Workload):
             start_w = w0 + np.r_[0.0, np.cumsum(rate * dwell_s)[:-1]]
             end_w = start_w[-1] + rate[-1] * dwell_s[-1]
             stop = done + int(np.searchsorted(work[done:], end_w, "right"))
-            # Each arrival in this block, in the spell where W passes it (a spell without
+            # Each arrival in this block, in the spell where W reaches it (a spell without
             # arrivals, W flat, is never chosen: its start equals the next one's).
-            k = np.searchsorted(start_w, work[done:stop], "right") - 1
+            k = np.searchsorted(start_w, work[done:stop], "left") - 1
             out[done:stop] = start_s[k] + (work[done:stop] - start_w[k]) / rate[k]
             done, t0_s, w0 = stop, start_s[-1] + dwell_s[-1], end_w
             spells = min(2 * spells, _MAX_SPELLS)
         return out
 
 
-#: ``Diurnal`` inverts its cumulative rate until no arrival moves by more than this
-#: fraction of its time (a picosecond a second), in at most so many steps (bisection
-#: alone would need about 40; Newton's steps take 10-15).
-_TIME_RTOL, _MAX_STEPS = 1e-12, 100
+#: ``Diurnal``'s table of its cumulative rate over a period, and the Newton steps from
+#: it: the table puts each arrival within a step of it (a 4096th of a period) of its
+#: instant, and the steps bring W there to float resolution (the tests check 1e-9).
+_TABLE, _NEWTON_STEPS = 4096, 3
 #: Spells ``Bursty`` draws in its first block, and at most in one (even numbers, so each
 #: block starts in the same state as the first; the draws do not depend on the blocks).
 _SPELLS, _MAX_SPELLS = 4096, 1 << 20
@@ -218,13 +218,15 @@ class Ramp(Workload):
 
     def arrivals_s(self, n, rng):
         work = _unit_poisson(_n(n), rng)
-        s, e, d = self.start_rps, self.end_rps, self.duration_s
-        ramp_w = 0.5 * (s + e) * d                    # expected arrivals over the ramp
-        # On the ramp W(t) = s t + (e - s) t^2 / (2 d); its root, in the form without
-        # cancellation (also for e = s): t = 2 w / (s + sqrt(s^2 + 2 (e - s) w / d)).
-        on_ramp = np.minimum(work, ramp_w)
-        t_s = 2 * on_ramp / (s + np.sqrt(np.maximum(s * s + 2 * (e - s) * on_ramp / d, 0.0)))
-        return np.where(work <= ramp_w, t_s, d + (work - ramp_w) / e)
+        top = max(self.start_rps, self.end_rps)
+        s, e, d = self.start_rps / top, self.end_rps / top, self.duration_s
+        ramp_w = 0.5 * (self.start_rps + self.end_rps) * d   # expected arrivals over the ramp
+        # On the ramp W(t) = top (s t + (e - s) t^2 / (2 d)), rates in units of the top
+        # one (no overflow squaring them); its root, in the form without cancellation
+        # (also for e = s): t = 2 u / (s + sqrt(s^2 + 2 (e - s) u / d)), u = w / top.
+        u = np.minimum(work, ramp_w) / top
+        t_s = 2 * u / (s + np.sqrt(np.maximum(s * s + 2 * (e - s) * u / d, 0.0)))
+        return np.where(work <= ramp_w, t_s, d + (work - ramp_w) / self.end_rps)
 
 
 @dataclass(frozen=True)
@@ -259,23 +261,22 @@ class Diurnal(Workload):
 
     def arrivals_s(self, n, rng):
         work = _unit_poisson(_n(n), rng)
-        # Solve W(t) = w by Newton's method inside the bracket W(t) lies in, between
-        # rate t and rate t + rate * amplitude * period / pi; a step that would leave it
-        # (the rate near 0) bisects instead.
-        hi = work / self.rate_rps
-        lo = np.maximum(hi - self.amplitude * self.period_s / math.pi, 0.0)
-        t = 0.5 * (lo + hi)
-        for _ in range(_MAX_STEPS):
-            short = self.expected_arrivals(t) - work
-            lo, hi = np.where(short < 0, t, lo), np.where(short < 0, hi, t)
+        # W grows by rate * period each period: solve W(t) = w within one, from a table
+        # of W over it (linear between its points, within a step of the root), then by
+        # Newton's steps kept in that step (the rate may touch 0, Newton's step fail).
+        per_period = self.rate_rps * self.period_s
+        periods = np.floor(work / per_period)
+        w = work - periods * per_period
+        grid_t = np.linspace(0.0, self.period_s, _TABLE + 1)
+        grid_w = self.expected_arrivals(grid_t)
+        step = np.clip(np.searchsorted(grid_w, w, "right") - 1, 0, _TABLE - 1)
+        lo, hi = grid_t[step], grid_t[step + 1]
+        t = np.interp(w, grid_w, grid_t)
+        for _ in range(_NEWTON_STEPS):
             with np.errstate(divide="ignore", invalid="ignore"):
-                newton = t - short / self.rate_at(t)
-            step = np.where((newton >= lo) & (newton <= hi), newton, 0.5 * (lo + hi))
-            done = np.all(np.abs(step - t) <= _TIME_RTOL * step)
-            t = step
-            if done:
-                break
-        return t
+                newton = t - (self.expected_arrivals(t) - w) / self.rate_at(t)
+            t = np.where(np.isfinite(newton), np.clip(newton, lo, hi), t)
+        return periods * self.period_s + t
 
 
 class Trace(Workload):
@@ -291,7 +292,7 @@ class Trace(Workload):
     def __init__(self, times_s):
         try:
             given = np.asarray(times_s)
-            times = None if given.dtype.kind in "USO" else np.array(given, dtype=float)
+            times = None if given.dtype.kind in "US" else np.array(given, dtype=float)
         except (TypeError, ValueError):
             times = None
         if times is None or times.ndim != 1:

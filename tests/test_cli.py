@@ -30,8 +30,8 @@ def test_simulate_json_matches_the_library():
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["simulate", "--rate", "-5"], "argument --rate: must be a positive number, got '-5'"),
-    (["simulate", "--rate", "nan"], "argument --rate: must be a positive number, got 'nan'"),
+    (["simulate", "--rate", "-5"], "argument --rate: must be a positive finite number, got '-5'"),
+    (["simulate", "--rate", "nan"], "argument --rate: must be a positive finite number, got 'nan'"),
     (["simulate", "--rate", "100", "--seed", "-1"],
      "argument --seed: must be an integer >= 0, got '-1'"),
     (["simulate", "--rate", "100", "--service", "cubic:1"], "--service"),

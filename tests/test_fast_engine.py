@@ -81,7 +81,8 @@ def test_long_runs_match(workload, policy, service, workers, dropped):
     assert_same_run(fast, simpy)
     # The runs are long and really exercise the features they are meant to. The bursty
     # run has the fewest batches: 809 on average over 40 seeds, sd 166 (a run holds only
-    # some 30 bursts); 100 is more than 4.5 sd below (1000 had held on seed 7 by luck).
+    # some 30 bursts); 100 is 4.2 sd below, and the least of the 40 was 473 (1000 had
+    # held on seed 7 by luck).
     assert fast.n_batches > 100
     for status in dropped:
         assert (fast.status == status).sum() > 100

@@ -1008,7 +1008,7 @@ syncing.input_spec = mlp.input_spec
 xs = mlp.input_spec.random(20, seed=6)
 
 async def main(model):
-    async with DynamicBatcher(model, bs.BatchPolicy(8, 0.5), workers=2,
+    async with DynamicBatcher(model, bs.BatchPolicy(8, 0.5), workers=2, device="cuda",
                               pipeline=sys.argv[1] == "pipeline", cuda_graphs=True) as b:
         ys = await asyncio.gather(*(b.submit(x) for x in xs))
     return torch.stack(ys).cpu(), b.result().meta["cuda_graphs"]

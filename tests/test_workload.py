@@ -228,6 +228,7 @@ def ramp_expected_arrivals(w, t_s):
     (bs.Ramp(100.0, 1000.0, 2.0), ramp_expected_arrivals),
     (bs.Ramp(1000.0, 10.0, 2.0), ramp_expected_arrivals),        # falling, then slow
     (bs.Ramp(500.0, 500.0 * (1 + 1e-12), 2.0), ramp_expected_arrivals),   # nearly flat
+    (bs.Ramp(1e155, 2e155, 1.0), ramp_expected_arrivals),        # squares would overflow
 ], ids=repr)
 def test_arrivals_are_the_cumulative_rate_inverted_at_unit_poisson_points(w,
                                                                           expected_arrivals):
