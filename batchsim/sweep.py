@@ -15,7 +15,6 @@ all local cores, or any executor passed in, such as a Dask cluster's
 from __future__ import annotations
 
 import itertools
-import numbers
 import os
 
 from . import _check
@@ -63,7 +62,7 @@ def sweep(workload: Workload, service: ServiceModel,
     sizes = _check.values("max_batch_size", max_batch_size, _check.positive_int)
     waits = _check.values("max_wait_ms", max_wait_ms, _check.non_negative_or_inf)
     worker_counts = _check.values("workers", workers, _check.positive_int)
-    seed_list = _check.values("seeds", seeds, _seed)
+    seed_list = _check.values("seeds", seeds, _check.non_negative_int)
     if load is not None and rate_rps is not None:
         raise ValueError(f"give load or rate_rps, not both: got load={load!r}, "
                          f"rate_rps={rate_rps!r}")
@@ -103,12 +102,6 @@ def sweep(workload: Workload, service: ServiceModel,
                 rows[i] = {**configs[i], **summary}
             bar.update(len(chunk))
     return pd.DataFrame(rows)
-
-
-def _seed(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"{name} must hold integers >= 0, got {value!r}")
-    return int(value)
 
 
 def _execute(executor, jobs, total_requests, service, n_requests, engine, summary_args):
