@@ -45,8 +45,9 @@ class BatchPolicy:
 
     ``max_wait_ms=0`` is greedy batching, ``max_wait_ms=inf`` fixed-size batching and
     ``max_batch_size=1`` no batching. ``max_queue_size`` bounds the waiting queue
-    (arrivals beyond it are rejected); ``timeout_ms`` drops requests that waited longer
-    than that before their batch was formed.
+    (arrivals beyond it are rejected); with ``max_wait_ms=inf`` it must hold a full batch.
+    ``timeout_ms`` drops requests that waited longer than that before their batch was
+    formed.
     """
 
     max_batch_size: int
@@ -64,6 +65,15 @@ class BatchPolicy:
                  _check.positive_int("max_queue_size", self.max_queue_size))
         if self.timeout_ms is not None:
             set_(self, "timeout_ms", _check.non_negative("timeout_ms", self.timeout_ms))
+        if (math.isinf(self.max_wait_ms) and self.max_queue_size is not None
+                and self.max_queue_size < self.max_batch_size):
+            # Neither trigger could ever fire: every request would wait for the stream's close.
+            raise ValueError(
+                f"max_queue_size={self.max_queue_size} is below max_batch_size="
+                f"{self.max_batch_size} with max_wait_ms=inf: the queue can never hold a full "
+                f"batch and no timer closes one, so no batch would leave before the stream "
+                f"closes; make max_queue_size at least {self.max_batch_size} or max_wait_ms "
+                f"finite")
 
     @property
     def max_wait_s(self) -> float:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import policies, services, workloads
+from strategies import policies, policies_of, services, workloads
 
 import batchsim as bs
 from batchsim.result import EXPIRED, REJECTED
@@ -47,13 +47,9 @@ def test_fast_matches_simpy_on_random_configurations(workload, policy, service, 
 TICK_MS = 1000 / 1024
 tick_traces = st.lists(st.integers(0, 120), min_size=1, max_size=120).map(
     lambda xs: bs.Trace(np.sort(np.array(xs)) / 1024))
-tick_policies = st.builds(
-    bs.BatchPolicy,
-    max_batch_size=st.integers(1, 9),
-    max_wait_ms=st.sampled_from([0.0, TICK_MS, 2 * TICK_MS, 4 * TICK_MS, math.inf]),
-    max_queue_size=st.one_of(st.none(), st.integers(1, 12)),
-    timeout_ms=st.one_of(st.none(), st.sampled_from([0.0, TICK_MS, 3 * TICK_MS, 8 * TICK_MS])),
-)
+tick_policies = policies_of(
+    st.integers(1, 9), st.sampled_from([0.0, TICK_MS, 2 * TICK_MS, 4 * TICK_MS, math.inf]),
+    st.integers(1, 12), st.sampled_from([0.0, TICK_MS, 3 * TICK_MS, 8 * TICK_MS]))
 tick_services = st.builds(bs.AffineService, st.sampled_from([TICK_MS / 4, TICK_MS, 2 * TICK_MS]),
                           st.sampled_from([0.0, TICK_MS / 2, TICK_MS]))
 

@@ -25,6 +25,16 @@ def test_bad_policy_names_the_parameter_and_value(kwargs, name):
     assert repr(kwargs[name]) in str(err.value)
 
 
+@pytest.mark.parametrize("queue_size", [1, 7])
+def test_an_infinite_wait_needs_a_queue_that_can_hold_a_full_batch(queue_size):
+    # Neither the size trigger nor the timer could fire: every request would wait for close.
+    with pytest.raises(ValueError, match=f"max_queue_size={queue_size} is below "
+                                         f"max_batch_size=8 with max_wait_ms=inf"):
+        bs.BatchPolicy(8, math.inf, max_queue_size=queue_size)
+    assert bs.BatchPolicy(8, math.inf, max_queue_size=8).max_queue_size == 8
+    assert bs.BatchPolicy(8, 1000.0, max_queue_size=7).max_queue_size == 7
+
+
 def test_policy_is_frozen_and_converts_units():
     p = bs.BatchPolicy(8, 2.5, timeout_ms=10)
     assert p.max_wait_s == 0.0025 and p.timeout_s == 0.01
