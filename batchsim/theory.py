@@ -56,7 +56,7 @@ import numpy as np
 
 from . import _check
 from .policy import BatchPolicy
-from .service import AffineService, ServiceModel
+from .service import AffineService, BatcherCosts, CalibratedService, ServiceModel
 
 #: The truncated chain must leave less than this mass in the upper half of its states.
 TAIL_MASS = 1e-12
@@ -192,8 +192,10 @@ def _bulk_chain(rate: float, service: ServiceModel, threshold: int,
             return Prediction(latency_s=float(latency), wait_s=float(latency - service_part),
                               mean_batch_size=float(jobs))
         if q.size >= MAX_STATES:
-            raise ValueError(f"rate_rps={rate!r} is too close to capacity for the exact chain: "
-                             f"{q.size} states leave tail mass above {TAIL_MASS:g}")
+            raise ValueError(f"rate_rps={rate!r} needs more than {q.size} states of the exact "
+                             f"chain ({q.size} leave tail mass above {TAIL_MASS:g}): the "
+                             f"queue runs too long, too close to capacity or with batches "
+                             f"of thousands; simulate it instead")
         n_top *= 2
 
 
@@ -300,19 +302,26 @@ def timeout_batching_ample_workers(rate_rps: float, service: ServiceModel,
     _check_service(service)
     b = _check.positive_int("max_batch_size", max_batch_size)
     wait_s = _check.non_negative("max_wait_ms", max_wait_ms, allow_inf=True) / 1000.0
-    j = np.arange(1, b)
-    if math.isinf(wait_s):
-        at_least = np.ones(b - 1)                           # P(M >= j), j = 1..b-1
-        size_pmf = np.r_[np.zeros(b - 1), 1.0]              # P(N = n), n = 1..b
-    else:
-        mean = rate * wait_s
-        log_fact = _log_factorials(b - 1)
-        m = np.arange(b)
-        pmf = ((m == 0).astype(float) if mean == 0
-               else np.exp(m * math.log(mean) - mean - log_fact))   # P(M = m), m < b
-        at_least = np.clip(1.0 - np.cumsum(pmf)[:-1], 0.0, 1.0)
-        size_pmf = np.r_[pmf[:-1], 1.0 - pmf[:-1].sum()]
-    sizes = np.arange(1, b + 1)
+    if math.isinf(wait_s):                                  # every batch holds b
+        wait = (b - 1) / (2.0 * rate)
+        return Prediction(latency_s=wait + float(service.mean_s(b)), wait_s=wait,
+                          mean_batch_size=float(b))
+    mean = rate * wait_s
+    # M's law on 0..top; beyond top its mass is below 1e-120, so the sums stop there
+    # (a cap of a billion costs no more than one of a hundred).
+    top = int(math.ceil(mean + 40 * math.sqrt(mean) + 40))
+    m = np.arange(top + 1)
+    pmf = ((m == 0).astype(float) if mean == 0
+           else np.exp(m * math.log(mean) - mean - _log_factorials(top)))
+    pmf /= pmf.sum()
+    # P(M >= j) summed from the far end: 1 - cumsum would be all rounding for small tails.
+    tail = np.cumsum(pmf[::-1])[::-1]
+    j = np.arange(1, min(b - 1, top) + 1)
+    at_least = tail[j]                                      # P(M >= j), j = 1..b-1
+    # P(N = n) = P(M = n - 1) below the cap, and P(M >= b - 1) at it.
+    below = np.arange(1, min(b - 1, top + 1) + 1)
+    sizes = np.r_[below, b]
+    size_pmf = np.r_[pmf[below - 1], tail[b - 1] if b - 1 <= top else 0.0]
     mean_size = 1.0 + at_least.sum()
     wait = (j @ at_least) / rate / mean_size
     service_part = size_pmf @ (sizes * np.asarray(service.mean_s(sizes), float)) / mean_size
@@ -348,6 +357,11 @@ def _check_service(service, deterministic: bool = False) -> None:
     if not isinstance(service, ServiceModel):
         raise ValueError(f"service must be a service model (AffineService, ProfileService), "
                          f"got {service!r}")
+    if isinstance(service, CalibratedService) and service.costs != BatcherCosts():
+        # The event loop's delays change when batches start and how long workers stay
+        # busy; these results know only s(b).
+        raise ValueError(f"service.costs must be all zero for an exact result (it knows only "
+                         f"s(b); simulate the batcher's costs instead), got {service.costs!r}")
     if deterministic and service.jitter_cv != 0:
         raise ValueError(f"service.jitter_cv must be 0 for this exact result (deterministic "
                          f"s(b)), got {service.jitter_cv!r}")

@@ -224,6 +224,43 @@ def test_size_or_timeout_limits_and_monotonicity():
     assert sizes == sorted(sizes) and sizes[-1] == pytest.approx(16)
 
 
+def test_size_or_timeout_with_a_cap_that_never_binds_is_the_uncapped_sum():
+    """``M ~ Poisson(mu)``, ``mu = lambda W``, far below the cap: ``E[N] = 1 + mu`` and the
+    total wait ``E[M (M + 1) / 2] / lambda``, so the wait per request is ``(mu^2 + 2 mu) /
+    (2 lambda (1 + mu))``. A cap of a billion must give that, not run out of memory."""
+    rate, wait_ms = 2000.0, 5.0
+    mu = rate * wait_ms / 1000
+    for b in (1000, 10**9):
+        p = theory.timeout_batching_ample_workers(rate, AFFINE, b, wait_ms)
+        assert p.mean_batch_size == pytest.approx(1 + mu, rel=1e-12)
+        assert p.wait_s == pytest.approx((mu**2 + 2 * mu) / (2 * rate * (1 + mu)), rel=1e-12)
+
+
+@pytest.mark.parametrize("rate", [1e-3, 1e-9, 1e-13])
+def test_size_or_timeout_at_a_vanishing_rate_waits_out_the_window(rate):
+    """With ``mu = lambda W`` tiny the batch nearly always waits the whole window alone:
+    ``E[N] = 1 + mu + O(mu^2)`` and the wait ``W (1 - mu / 2) + O(mu^2)``, never above ``W``
+    (``1 - cumsum`` of the law made it 5.55 ms at 1e-13 rps, above W = 5 ms)."""
+    p = theory.timeout_batching_ample_workers(rate, AFFINE, 8, 5.0)
+    mu = rate * 0.005
+    assert p.wait_s == pytest.approx(0.005 * (1 - mu / 2), rel=1e-9)
+    assert p.wait_s <= 0.005
+    assert p.mean_batch_size == pytest.approx(1 + mu, rel=1e-12)
+
+
+def test_theory_refuses_a_service_with_the_batchers_costs():
+    """The event loop's delays (here a release of 0.5 ms after each batch) change when
+    batches start; the exact results know only s(b), so they refuse rather than return a
+    number the simulator would not (theory said 5.4 ms where it simulated 10.3 ms)."""
+    with pytest.raises(ValueError, match="service.costs must be all zero") as err:
+        theory.no_batching(100.0, bs.CalibratedService(AFFINE, costs=bs.BatcherCosts(
+            release_ms=0.5)))
+    assert "release_ms=0.5" in str(err.value)
+    plain = bs.CalibratedService(AFFINE, per_batch_ms=0.1)
+    assert theory.no_batching(100.0, plain) == theory.no_batching(
+        100.0, bs.AffineService(2.1, 0.5))
+
+
 def test_predict_picks_the_case():
     rate = 300.0
     assert theory.predict(rate, bs.BatchPolicy(1, 5.0), AFFINE) == theory.no_batching(rate, AFFINE)
