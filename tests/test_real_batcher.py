@@ -398,6 +398,32 @@ def test_a_model_raising_a_base_exception_fails_its_request_and_the_thread_serve
     assert res.status.tolist() == [FAILED, COMPLETED]
 
 
+def test_a_model_raising_stop_iteration_fails_its_request_and_the_batcher_serves_on(pipeline):
+    """``next(model.parameters())`` in a model without parameters raises StopIteration,
+    which an asyncio future refuses to carry: the batch's worker was never freed, and
+    every later request and ``close()`` waited for ever."""
+    def model(x):
+        if (x < 0).any():
+            next(iter(()))
+        return 2 * x + 1
+
+    async def main():
+        b = await DynamicBatcher(model, bs.BatchPolicy(2, 0.0), input_spec=SPEC,
+                                 pipeline=pipeline).start()
+        futs = [b.submit_nowait(-torch.ones(4)), b.submit_nowait(torch.ones(4))]
+        _, pending = await asyncio.wait(futs, timeout=HANG_S / 2)
+        assert not pending, "a request was left waiting"
+        later = await b.submit(torch.zeros(4))
+        await b.close()
+        return [f.exception() or f.result() for f in futs], later, b.result()
+
+    (bad, good), later, res = run(main())
+    assert isinstance(bad, RuntimeError) and isinstance(bad.__cause__, StopIteration)
+    assert str(bad).startswith("model_fn raised StopIteration")
+    assert torch.equal(good, torch.full((4,), 3.0)) and torch.equal(later, torch.ones(4))
+    assert res.status.tolist() == [FAILED, COMPLETED, COMPLETED]
+
+
 def test_inputs_that_require_grad_are_served_alone_and_in_batches(pipeline):
     """The pipeline's stager stacks under ``no_grad`` as the other threads run."""
     xs = inputs(3).requires_grad_()
@@ -452,6 +478,24 @@ def test_queue_full_rejects_at_once(pipeline):
     assert res.status.tolist() == [COMPLETED, COMPLETED, COMPLETED, REJECTED]
 
 
+def test_requests_their_callers_cancelled_leave_room_in_a_full_queue():
+    """A caller that timed out and retries must not find its own abandoned requests
+    holding the queue: they are not waiting any more (and are recorded as failed)."""
+    async def main():
+        async with DynamicBatcher(Affine(), bs.BatchPolicy(4, 10_000.0, max_queue_size=2)) as b:
+            gave_up = [b.submit_nowait(torch.zeros(4)) for _ in range(2)]
+            with pytest.raises(QueueFullError, match="2 requests waiting"):
+                b.submit_nowait(torch.zeros(4))
+            for f in gave_up:
+                f.cancel()
+            retry = b.submit_nowait(torch.ones(4))
+        return retry.result(), b.result()
+
+    out, res = run(main())
+    assert torch.equal(out, torch.full((4,), 3.0))
+    assert res.status.tolist() == [FAILED, FAILED, REJECTED, COMPLETED]
+
+
 @pytest.mark.parametrize("per_request", [False, True])
 def test_requests_that_wait_past_their_timeout_fail_and_never_run(per_request, pipeline):
     gate = threading.Event()
@@ -495,6 +539,22 @@ def test_a_bad_timeout_ms_is_refused_and_leaves_no_request_behind(bad, says):
 
     res = run(main())
     assert res.status.tolist() == [COMPLETED] and res.batch_id.tolist() == [0]
+
+
+def test_a_refused_first_request_does_not_fix_the_input_spec():
+    """With no spec given the first accepted request sets it; one refused for its
+    timeout_ms used to set it first, and shut out every request of the real shape."""
+    async def main():
+        async with DynamicBatcher(lambda x: 2 * x, bs.BatchPolicy(2, 0.0)) as b:
+            with pytest.raises(ValueError, match="timeout_ms"):
+                b.submit_nowait(torch.zeros(3), timeout_ms=-1.0)
+            out = await b.submit(torch.ones(4))
+            with pytest.raises(ValueError, match=r"shape \(4,\) .*set by the first request"):
+                b.submit_nowait(torch.zeros(3))
+        return out, b.result()
+
+    out, res = run(main())
+    assert torch.equal(out, torch.full((4,), 2.0)) and res.status.tolist() == [COMPLETED]
 
 
 def test_a_timeout_ms_per_request_keeps_no_more_than_a_bounded_cache():
@@ -561,6 +621,100 @@ def test_close_without_drain_fails_the_waiting_requests(pipeline):
     assert res.status.tolist() == [COMPLETED] + [FAILED] * 3
 
 
+def test_close_without_drain_during_a_drain_fails_what_still_waits():
+    gate = threading.Event()
+
+    async def main():
+        b = await DynamicBatcher(Affine(gate=gate), bs.BatchPolicy(1, 0.0)).start()
+        futs = [b.submit_nowait(torch.zeros(4)) for _ in range(4)]
+        await asyncio.sleep(0.01)                        # the first is in the model
+        draining = asyncio.create_task(b.close(drain=True))
+        await asyncio.sleep(0.01)
+        aborting = asyncio.create_task(b.close(drain=False))
+        await asyncio.sleep(0.01)
+        gate.set()
+        await asyncio.gather(draining, aborting)
+        return futs, b.result()
+
+    futs, res = run(main())
+    assert torch.equal(futs[0].result(), torch.ones(4))
+    assert all(isinstance(f.exception(), BatcherClosedError) for f in futs[1:])
+    assert res.status.tolist() == [COMPLETED] + [FAILED] * 3
+
+
+def test_a_cancelled_close_still_stops_the_threads_once_drained(pipeline):
+    gate = threading.Event()
+
+    async def main():
+        b = await DynamicBatcher(Affine(gate=gate), bs.BatchPolicy(2, 0.0),
+                                 pipeline=pipeline).start()
+        fut = b.submit_nowait(torch.zeros(4))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(b.close(), 0.05)      # the caller gave up waiting
+        gate.set()
+        await fut
+        for _ in range(1000):                            # the drain goes on without it
+            if not any(t.is_alive() for t in b._runner.threads):
+                break
+            await asyncio.sleep(0.01)
+        await b.close()                                  # returns at once
+        return b
+
+    b = run(main())
+    assert not any(t.is_alive() for t in b._runner.threads)
+    assert b.result().status.tolist() == [COMPLETED]
+
+
+def test_a_cancelled_start_tells_the_threads_to_stop_and_close_returns_at_once(pipeline):
+    gate = threading.Event()
+    model = Affine(gate=gate)
+
+    async def main():
+        b = DynamicBatcher(model, bs.BatchPolicy(2, 0.0), pipeline=pipeline)
+        starting = asyncio.ensure_future(b.start(warmup=True))
+        while not model.seen:                            # the warm-up is in the model
+            await asyncio.sleep(0.001)
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        await asyncio.wait_for(b.close(), 1.0)           # not held up by the model
+        with pytest.raises(BatcherClosedError):
+            b.submit_nowait(torch.zeros(4))
+        gate.set()
+        return b
+
+    b = run(main())
+    for thread in b._runner.threads:                     # once the model lets go
+        thread.join(HANG_S)
+        assert not thread.is_alive()
+    assert b.result().n_requests == 0
+
+
+def test_submitting_from_another_loop_or_after_the_loop_ended_is_refused():
+    """A request from another event loop used to be logged and left waiting for ever;
+    one from a thread after the batcher's loop closed, a bare 'Event loop is closed'."""
+    async def serve():
+        async with DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0)) as b:
+            await b.submit(torch.zeros(4))
+        return b
+
+    b = run(serve())
+    with pytest.raises(BatcherClosedError, match="submit after close"):
+        b.submit_threadsafe(torch.zeros(4))
+
+    async def other_loop(b):
+        with pytest.raises(RuntimeError, match="on the event loop the batcher was started on"):
+            b.submit_nowait(torch.zeros(4))
+
+    async def main():
+        b = await DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0)).start()
+        await asyncio.to_thread(asyncio.run, other_loop(b))
+        await b.close()
+        return b.result()
+
+    assert run(main()).n_requests == 0
+
+
 def test_close_with_drain_finishes_everything_queued(pipeline):
     async def main():
         b = await DynamicBatcher(slow_affine(2.0, 0.0), bs.BatchPolicy(4, math.inf),
@@ -608,6 +762,17 @@ def test_lifecycle_errors():
         DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0), workers=0)
     with pytest.raises(ValueError, match="pipeline must be True, False or None, got 'yes'"):
         DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0), pipeline="yes")
+
+    async def flags():
+        b = DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0))
+        with pytest.raises(ValueError, match="warmup must be True or False, got 'no'"):
+            await b.start(warmup="no")
+        await b.start()
+        with pytest.raises(ValueError, match="drain must be True or False, got 'False'"):
+            await b.close(drain="False")
+        await b.close()
+
+    run(flags())
 
 
 def test_a_submit_while_start_warms_up_is_refused():

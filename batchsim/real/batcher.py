@@ -130,8 +130,18 @@ class DynamicBatcher:
     batcher spent up to twice as long as under another, same configuration, between
     dispatch and launch (the threads' part), while the part from launch to the end moved
     little (``bench/results/README.md``). ``like`` keeps them, so ``calibrate`` and
-    ``fidelity`` given a pinned batcher serve pinned batchers. Linux only. Use it inside
-    a running event loop::
+    ``fidelity`` given a pinned batcher serve pinned batchers. Linux only.
+
+    Inputs are not copied at submit: leave one unchanged until its future is done. Each
+    output is a row of its batch's output (a view that shares its storage, so saving or
+    pickling one writes the whole batch's: ``.clone()`` one to keep or send it alone),
+    and the model must return a new tensor for each batch (one that reuses its own
+    buffer overwrites the rows handed out before). The batcher keeps a record of every
+    request and batch (``result()``), some 70 bytes a request: serve one run with it,
+    not a server's lifetime.
+
+    Use it inside a running event loop, and submit on that loop (``submit_threadsafe``
+    from other threads)::
 
         async with DynamicBatcher(model, BatchPolicy(32, 5.0)) as batcher:
             y = await batcher.submit(x)
@@ -161,6 +171,7 @@ class DynamicBatcher:
         self.thread_cpus = checked_thread_cpus(thread_cpus)
         self._graphs_meta: dict | None = None
         self.input_spec = spec
+        self._spec_source = "the model's input spec" if spec is not None else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._t0 = 0.0
         self._started = False  # True once start() has returned: the clock runs
@@ -191,6 +202,8 @@ class DynamicBatcher:
         size. With CUDA graphs on, the warm-up always runs, at the graphs' bucket sizes
         only (``runners.warmup_sizes``), and captures the graphs after it.
         """
+        if not isinstance(warmup, bool):
+            raise ValueError(f"warmup must be True or False, got {warmup!r}")
         if self._loop is not None:
             raise RuntimeError("this DynamicBatcher was already started; make a new one")
         self._loop = asyncio.get_running_loop()
@@ -199,7 +212,14 @@ class DynamicBatcher:
         capture = self._graphs_wanted()
         if (warmup or capture) and self.input_spec is not None:
             t0 = time.perf_counter()
-            errors = await self._runner.warmup(capture)
+            try:
+                errors = await self._runner.warmup(capture)
+            except BaseException:  # the warm-up failed or start() was cancelled
+                self._closed, self._close_s = True, 0.0
+                self._idle = self._loop.create_future()
+                self._idle.set_result(None)
+                self._runner.stop(join=False)  # a hung model must not hang the loop too
+                raise
             if capture:
                 self._graphs_meta.update(
                     capture_s=time.perf_counter() - t0, errors=[e for e in errors if e],
@@ -261,10 +281,13 @@ class DynamicBatcher:
         """Stop accepting requests; finish the queued ones (``drain``) or fail them.
 
         With ``drain=True`` waiting requests are flushed in partial batches as workers
-        free up; with ``drain=False`` they fail with ``BatcherClosedError``. Batches
-        already running always finish. Returns when every request has ended and the
-        worker threads have stopped.
+        free up; with ``drain=False`` they fail with ``BatcherClosedError`` (also when a
+        drain is already under way). Batches already running always finish. Returns when
+        every request has ended and the worker threads have stopped; cancelled, the close
+        goes on without it.
         """
+        if not isinstance(drain, bool):
+            raise ValueError(f"drain must be True or False, got {drain!r}")
         if self._loop is None:
             raise RuntimeError("close() before start(): nothing to close")
         if not self._closed:
@@ -274,8 +297,10 @@ class DynamicBatcher:
             if not drain:
                 self._fail_waiting(self._close_s)
             self._decide()
+        elif not drain and self._waiting:
+            self._fail_waiting(self.now_s())
+            self._check_idle()
         await asyncio.shield(self._idle)
-        self._runner.stop()
 
     def result(self) -> RunResult:
         """The run so far as a RunResult (times in seconds since ``start()``).
@@ -319,17 +344,22 @@ class DynamicBatcher:
                                      if self._closed else
                                      "submit before start() has returned: await "
                                      "batcher.start() first")
+        if asyncio._get_running_loop() is not self._loop:
+            raise RuntimeError("submit on the event loop the batcher was started on "
+                               "(submit_threadsafe from another thread)")
         if type(x) is not torch.Tensor:
             x = self._as_tensor(x)
-        spec = self.input_spec
-        if spec is None or x.shape != spec.shape or x.dtype != spec.dtype:
-            self._check_input(x)
         pol = self.policy
         expiry = (self._expiry_policy(timeout_ms)
                   if timeout_ms is not None or pol.timeout_ms is not None else None)
+        spec = self.input_spec
+        if spec is None or x.shape != spec.shape or x.dtype != spec.dtype:
+            self._check_input(x)
         now = time.perf_counter() - self._t0
         waiting = self._waiting
         n = len(waiting)
+        if rule.rejects(pol, n):
+            n = self._drop_cancelled(now)  # their callers gave up: they wait no more
         arrivals = self._log.arrival_s
         rid = len(arrivals)
         arrivals.append(now)
@@ -345,10 +375,18 @@ class DynamicBatcher:
 
     def submit_threadsafe(self, x, timeout_ms: float | None = None):
         """From another thread: queue ``x``; returns a ``concurrent.futures.Future``."""
-        if not self._started:
-            raise BatcherClosedError("submit before start() has returned: await "
+        if self._closed or not self._started:
+            raise BatcherClosedError("submit after close(): the batcher accepts no requests"
+                                     if self._closed else
+                                     "submit before start() has returned: await "
                                      "batcher.start() first")
-        return asyncio.run_coroutine_threadsafe(self.submit(x, timeout_ms), self._loop)
+        request = self.submit(x, timeout_ms)
+        try:
+            return asyncio.run_coroutine_threadsafe(request, self._loop)
+        except RuntimeError:  # the loop has closed
+            request.close()
+            raise BatcherClosedError("the batcher's event loop is closed: it accepts no "
+                                     "requests") from None
 
     @staticmethod
     def _as_tensor(x):
@@ -362,9 +400,10 @@ class DynamicBatcher:
         spec = self.input_spec
         if spec is None:
             self.input_spec = InputSpec(tuple(x.shape), x.dtype)
+            self._spec_source = "the input spec, set by the first request"
             return
         raise ValueError(f"x must have shape {tuple(spec.shape)} and dtype {spec.dtype} "
-                         f"(the model's input spec), got shape {tuple(x.shape)} and dtype "
+                         f"({self._spec_source}), got shape {tuple(x.shape)} and dtype "
                          f"{x.dtype}")
 
     def _expiry_policy(self, timeout_ms) -> BatchPolicy:
@@ -451,6 +490,19 @@ class DynamicBatcher:
             return True
         return False
 
+    def _drop_cancelled(self, now_s: float) -> int:
+        """Drop the waiting requests whose callers cancelled them (recorded as failed, as
+        ``_take`` does); how many still wait."""
+        waiting = self._waiting
+        live = [item for item in waiting if not item[2].done()]
+        if len(live) < len(waiting):
+            live_ids = {item[0] for item in live}
+            self._log.failed.append(([item[0] for item in waiting if item[0] not in live_ids],
+                                     now_s))
+            waiting.clear()
+            waiting.extend(live)
+        return len(live)
+
     def _fail_waiting(self, now_s: float) -> None:
         ids = []
         while self._waiting:
@@ -463,11 +515,15 @@ class DynamicBatcher:
             self._log.failed.append((ids, now_s))
 
     def _check_idle(self) -> None:
+        """Once closed with every request ended: stop the threads, and let close() return."""
         if (self._idle is not None and not self._idle.done() and not self._waiting
                 and not self._in_flight):
             if self._timer is not None:
                 self._timer.cancel()
-            self._idle.set_result(None)
+            try:
+                self._runner.stop()
+            finally:
+                self._idle.set_result(None)
 
     # -- results back from the workers (one callback per batch) ---------------------------
     def _finished(self, worker: int, k: int, futs, outs, failed: list[int], end_s: float,
@@ -475,6 +531,15 @@ class DynamicBatcher:
         batch = self._log.batches[k]
         batch[2] = end_s
         batch[5] = phases
+        try:
+            self._resolve(batch, futs, outs, failed, end_s)
+        finally:  # whatever a future refused, the worker must not be lost
+            self._in_flight -= 1
+            heapq.heappush(self._free, worker)
+            self._decide()
+
+    def _resolve(self, batch, futs, outs, failed: list[int], end_s: float) -> None:
+        """Give each request of a finished batch its output or its error."""
         if not failed and not any(map(_done, futs)):
             for fut, out in zip(futs, outs, strict=True):
                 fut.set_result(out)
@@ -491,9 +556,6 @@ class DynamicBatcher:
             if lost:
                 ids = batch[0]
                 self._log.failed.append(([ids[i] for i in lost], end_s))
-        self._in_flight -= 1
-        heapq.heappush(self._free, worker)
-        self._decide()
 
 
 def one_worker(model_or_batcher, policy: BatchPolicy, *, device=None,

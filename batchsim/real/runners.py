@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import math
 import queue
 import threading
@@ -66,11 +67,13 @@ def checked_output(out, n: int) -> torch.Tensor:
 def as_exception(error: BaseException) -> Exception:
     """What a request's future carries when the model raised ``error``: an
     ``Exception`` as it is; anything else (``KeyboardInterrupt``, ``SystemExit``, a
-    custom ``BaseException``) as a ``RuntimeError`` raised from it. The batcher's threads
+    custom ``BaseException``) as a ``RuntimeError`` raised from it, and so too a
+    ``StopIteration`` (``next(model.parameters())`` of a model without any), which an
+    asyncio future refuses to carry. The batcher's threads
     catch both, so that one model call cannot end a thread and leave its requests
     waiting for ever, and the caller's task gets an error rather than an exception that
     stops the event loop."""
-    if isinstance(error, Exception):
+    if isinstance(error, Exception) and not isinstance(error, StopIteration):
         return error
     wrapped = RuntimeError(f"model_fn raised {type(error).__name__}: {error}")
     wrapped.__cause__ = error
@@ -330,13 +333,19 @@ class Runner:
     def put(self, worker: int, k, xs, futs) -> None:
         raise NotImplementedError
 
-    def stop(self) -> None:
-        """Stop the threads once they have run what they were given; let the buffers go."""
-        self._join()
-        for slot in self.slots:
-            slot.release()
+    def stop(self, join: bool = True) -> None:
+        """Stop the threads once they have run what they were given; let the buffers go.
 
-    def _join(self) -> None:
+        ``join=False``: only tell the threads to stop, and return at once (a start that
+        failed or was cancelled while a model runs must not wait for it).
+        """
+        self._join(join)
+        if join:
+            for slot in self.slots:
+                slot.release()
+
+    def _join(self, wait: bool) -> None:
+        """Send each thread its stop, and (``wait``) wait for it to end."""
         raise NotImplementedError
 
     async def warmup(self, capture: bool = False) -> list:
@@ -358,7 +367,9 @@ class Runner:
             for b in warmup_sizes(len(xs), capture):
                 if self._serve(slot, xs[:b])[1]:
                     break  # a model that cannot take zeros fails later, per request
-            done.set_result(self.steps.capture_graphs(slot) if capture else None)
+            why_not = self.steps.capture_graphs(slot) if capture else None
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                done.set_result(why_not)  # unless start() was cancelled: nobody waits
 
     def _serve(self, slot: Slot, xs, error: Exception | None = None):
         """Run ``xs`` to the end: ``(outputs, failed positions)``.
@@ -407,10 +418,10 @@ class ThreadRunner(Runner):
     def put(self, worker: int, k, xs, futs) -> None:
         self.inboxes[worker].put((k, xs, futs))
 
-    def _join(self) -> None:
+    def _join(self, wait: bool) -> None:
         for inbox in self.inboxes:
             inbox.put(None)
-        for thread in self.threads:
+        for thread in self.threads if wait else ():
             thread.join()
 
     def _work(self, worker: int) -> None:
@@ -452,13 +463,13 @@ class PipelineRunner(Runner):
     def put(self, worker: int, k, xs, futs) -> None:
         self.inboxes[worker].put((k, xs, futs))
 
-    def _join(self) -> None:
+    def _join(self, wait: bool) -> None:
         for inbox in self.inboxes:
             inbox.put(None)
-        for thread in self.threads[:-2]:
+        for thread in self.threads[:-2] if wait else ():
             thread.join()
         self.to_launch.put(None)
-        for thread in self.threads[-2:]:
+        for thread in self.threads[-2:] if wait else ():
             thread.join()
 
     def _stager(self, worker: int) -> None:
