@@ -374,37 +374,24 @@ class Abort(BaseException):
     """Raised by a model: not an ``Exception``, as ``KeyboardInterrupt`` is not."""
 
 
-def test_a_model_raising_a_base_exception_fails_its_request_and_the_thread_serves_on(pipeline):
-    """A ``BaseException`` that is not an ``Exception`` used to end the worker thread and
-    leave its requests, and ``close()``, waiting for ever."""
+def _stop_iteration():
+    next(iter(()))
+
+
+def _abort():
+    raise Abort("model aborted")
+
+
+@pytest.mark.parametrize("fail, cause", [(_abort, Abort), (_stop_iteration, StopIteration)])
+def test_a_model_raising_what_a_future_cannot_carry_fails_its_request_and_serves_on(
+        fail, cause, pipeline):
+    """A ``BaseException`` that is not an ``Exception`` used to end the worker thread;
+    a ``StopIteration`` (``next(model.parameters())`` in a model without any), which an
+    asyncio future refuses to carry, left the batch's worker never freed. Either way its
+    requests, every later one and ``close()`` waited for ever."""
     def model(x):
         if (x < 0).any():
-            raise Abort("model aborted")
-        return 2 * x + 1
-
-    async def main():
-        b = await DynamicBatcher(model, bs.BatchPolicy(1, 0.0), input_spec=SPEC,
-                                 pipeline=pipeline).start()
-        futs = [b.submit_nowait(-torch.ones(4)), b.submit_nowait(torch.ones(4))]
-        _, pending = await asyncio.wait(futs, timeout=HANG_S / 2)
-        assert not pending, "a request was left waiting"  # then close() would wait too
-        await b.close()
-        return [f.exception() or f.result() for f in futs], b.result()
-
-    (bad, good), res = run(main())
-    assert isinstance(bad, RuntimeError) and isinstance(bad.__cause__, Abort)
-    assert str(bad) == "model_fn raised Abort: model aborted"
-    assert torch.equal(good, torch.full((4,), 3.0))
-    assert res.status.tolist() == [FAILED, COMPLETED]
-
-
-def test_a_model_raising_stop_iteration_fails_its_request_and_the_batcher_serves_on(pipeline):
-    """``next(model.parameters())`` in a model without parameters raises StopIteration,
-    which an asyncio future refuses to carry: the batch's worker was never freed, and
-    every later request and ``close()`` waited for ever."""
-    def model(x):
-        if (x < 0).any():
-            next(iter(()))
+            fail()
         return 2 * x + 1
 
     async def main():
@@ -412,14 +399,14 @@ def test_a_model_raising_stop_iteration_fails_its_request_and_the_batcher_serves
                                  pipeline=pipeline).start()
         futs = [b.submit_nowait(-torch.ones(4)), b.submit_nowait(torch.ones(4))]
         _, pending = await asyncio.wait(futs, timeout=HANG_S / 2)
-        assert not pending, "a request was left waiting"
+        assert not pending, "a request was left waiting"  # then close() would wait too
         later = await b.submit(torch.zeros(4))
         await b.close()
         return [f.exception() or f.result() for f in futs], later, b.result()
 
     (bad, good), later, res = run(main())
-    assert isinstance(bad, RuntimeError) and isinstance(bad.__cause__, StopIteration)
-    assert str(bad).startswith("model_fn raised StopIteration")
+    assert isinstance(bad, RuntimeError) and isinstance(bad.__cause__, cause)
+    assert str(bad).startswith(f"model_fn raised {cause.__name__}")
     assert torch.equal(good, torch.full((4,), 3.0)) and torch.equal(later, torch.ones(4))
     assert res.status.tolist() == [FAILED, COMPLETED, COMPLETED]
 
@@ -596,7 +583,9 @@ def test_cancelled_requests_are_skipped(pipeline):
     assert res.status.tolist() == [COMPLETED, COMPLETED, FAILED, COMPLETED]
 
 
-def test_close_without_drain_fails_the_waiting_requests(pipeline):
+@pytest.mark.parametrize("draining", [False, True], ids=["open", "draining"])
+def test_close_without_drain_fails_the_waiting_requests(draining, pipeline):
+    """Also when a ``close(drain=True)`` is under way: the caller may give up draining."""
     gate = threading.Event()
 
     async def main():
@@ -605,10 +594,12 @@ def test_close_without_drain_fails_the_waiting_requests(pipeline):
         running = b.submit_nowait(torch.zeros(4))
         await asyncio.sleep(0.01)
         waiting = [b.submit_nowait(torch.zeros(4)) for _ in range(3)]
-        closing = asyncio.create_task(b.close(drain=False))
+        closing = [asyncio.create_task(b.close(drain=False))]
+        if draining:   # runs first, in the order the tasks were made
+            closing.insert(0, asyncio.create_task(b.close(drain=True)))
         await asyncio.sleep(0.01)
         gate.set()
-        await closing
+        await asyncio.gather(*closing)
         with pytest.raises(BatcherClosedError, match="submit after close"):
             b.submit_nowait(torch.zeros(4))
         return running, waiting, b.result()
@@ -618,27 +609,6 @@ def test_close_without_drain_fails_the_waiting_requests(pipeline):
     for f in waiting:
         with pytest.raises(BatcherClosedError, match="drain=False"):
             f.result()
-    assert res.status.tolist() == [COMPLETED] + [FAILED] * 3
-
-
-def test_close_without_drain_during_a_drain_fails_what_still_waits():
-    gate = threading.Event()
-
-    async def main():
-        b = await DynamicBatcher(Affine(gate=gate), bs.BatchPolicy(1, 0.0)).start()
-        futs = [b.submit_nowait(torch.zeros(4)) for _ in range(4)]
-        await asyncio.sleep(0.01)                        # the first is in the model
-        draining = asyncio.create_task(b.close(drain=True))
-        await asyncio.sleep(0.01)
-        aborting = asyncio.create_task(b.close(drain=False))
-        await asyncio.sleep(0.01)
-        gate.set()
-        await asyncio.gather(draining, aborting)
-        return futs, b.result()
-
-    futs, res = run(main())
-    assert torch.equal(futs[0].result(), torch.ones(4))
-    assert all(isinstance(f.exception(), BatcherClosedError) for f in futs[1:])
     assert res.status.tolist() == [COMPLETED] + [FAILED] * 3
 
 
