@@ -337,6 +337,23 @@ def test_input_of_the_wrong_shape_or_dtype_fails_at_submit():
     assert torch.equal(run(main()), torch.ones(4))
 
 
+@pytest.mark.parametrize("make, says", [
+    (lambda: torch.zeros(4, device="meta"), "on meta with layout torch.strided"),
+    (lambda: torch.zeros(4).to_sparse(), "on cpu with layout torch.sparse_coo"),
+])
+def test_an_input_off_the_cpu_or_not_dense_fails_at_submit(make, says):
+    """Accepted, it failed its batch at staging and was retried alone, half by half."""
+    model = Affine()
+
+    async def main():
+        async with DynamicBatcher(model, bs.BatchPolicy(2, 0.0)) as b:
+            with pytest.raises(ValueError, match=f"x must be a dense CPU tensor.*{says}"):
+                b.submit_nowait(make())
+        return b.result()
+
+    assert run(main()).n_requests == 0 and not model.seen
+
+
 def test_first_request_fixes_the_spec_when_none_is_given():
     async def main():
         async with DynamicBatcher(lambda x: x + 1, bs.BatchPolicy(4, 1.0)) as b:

@@ -353,7 +353,8 @@ class DynamicBatcher:
         expiry = (self._expiry_policy(timeout_ms)
                   if timeout_ms is not None or pol.timeout_ms is not None else None)
         spec = self.input_spec
-        if spec is None or x.shape != spec.shape or x.dtype != spec.dtype:
+        if (spec is None or x.shape != spec.shape or x.dtype != spec.dtype or not x.is_cpu
+                or x.layout is not torch.strided):
             self._check_input(x)
         now = time.perf_counter() - self._t0
         waiting = self._waiting
@@ -397,6 +398,11 @@ class DynamicBatcher:
         raise ValueError(f"x must be a torch.Tensor or numpy array, got {type(x).__name__}")
 
     def _check_input(self, x) -> None:
+        if not x.is_cpu or x.layout is not torch.strided:
+            # Its batch would fail at staging, and again for every half it was split into.
+            raise ValueError(f"x must be a dense CPU tensor (the batcher stacks inputs in "
+                             f"host memory and moves the batch to the model's device), got "
+                             f"one on {x.device} with layout {x.layout}")
         spec = self.input_spec
         if spec is None:
             self.input_spec = InputSpec(tuple(x.shape), x.dtype)
