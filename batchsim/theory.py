@@ -306,27 +306,44 @@ def timeout_batching_ample_workers(rate_rps: float, service: ServiceModel,
         wait = (b - 1) / (2.0 * rate)
         return Prediction(latency_s=wait + float(service.mean_s(b)), wait_s=wait,
                           mean_batch_size=float(b))
-    mean = rate * wait_s
-    # M's law on 0..top; beyond top its mass is below 1e-120, so the sums stop there
-    # (a cap of a billion costs no more than one of a hundred).
-    top = int(math.ceil(mean + 40 * math.sqrt(mean) + 40))
-    m = np.arange(top + 1)
-    pmf = ((m == 0).astype(float) if mean == 0
-           else np.exp(m * math.log(mean) - mean - _log_factorials(top)))
-    pmf /= pmf.sum()
-    # P(M >= j) summed from the far end: 1 - cumsum would be all rounding for small tails.
-    tail = np.cumsum(pmf[::-1])[::-1]
-    j = np.arange(1, min(b - 1, top) + 1)
-    at_least = tail[j]                                      # P(M >= j), j = 1..b-1
-    # P(N = n) = P(M = n - 1) below the cap, and P(M >= b - 1) at it.
-    below = np.arange(1, min(b - 1, top + 1) + 1)
-    sizes = np.r_[below, b]
-    size_pmf = np.r_[pmf[below - 1], tail[b - 1] if b - 1 <= top else 0.0]
+    pmf, tail = _poisson_law(rate * wait_s, b - 1)            # m = 0..k, k <= b - 1
+    k = pmf.size - 1
+    j = np.arange(1, k + 1)
+    at_least = tail[1:]                                     # P(M >= j), j = 1..k; beyond, 0
+    # P(N = n) = P(M = n - 1) below the cap and P(M >= b - 1) at it (nothing, if k < b - 1).
+    sizes = np.arange(1, k + 2) if k < b - 1 else np.arange(1, b + 1)
+    size_pmf = pmf if k < b - 1 else np.r_[pmf[:-1], tail[-1]]
     mean_size = 1.0 + at_least.sum()
     wait = (j @ at_least) / rate / mean_size
     service_part = size_pmf @ (sizes * np.asarray(service.mean_s(sizes), float)) / mean_size
     return Prediction(latency_s=float(wait + service_part), wait_s=float(wait),
                       mean_batch_size=float(mean_size))
+
+
+def _poisson_law(mean: float, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``P(M = m)`` and ``P(M >= m)`` for ``M ~ Poisson(mean)``, ``m = 0..k``: ``k = n``,
+    or less where beyond ``k`` both are below 1e-120 (taken as 0), so that the cost
+    follows the smaller of ``n`` and the law's reach, not the larger.
+
+    Each tail is accurate relative to itself: summed from the far end where it may be
+    tiny (``1 - cumsum`` would be all rounding), from 0 where every tail up to ``n`` is
+    at least about a half (``n <= mean``).
+    """
+    def law(last: int) -> np.ndarray:
+        m = np.arange(last + 1)
+        if mean == 0:
+            return (m == 0).astype(float)
+        return np.exp(m * math.log(mean) - mean - _log_factorials(last))
+
+    if n <= mean:
+        pmf = law(n)
+        return pmf, 1.0 - np.r_[0.0, np.cumsum(pmf)[:-1]]
+    top = int(math.ceil(mean + 40 * math.sqrt(mean) + 40))
+    pmf = law(top)
+    pmf /= pmf.sum()              # the whole law, so its terms' rounding cancels out
+    tail = np.cumsum(pmf[::-1])[::-1]
+    k = min(n, top)
+    return pmf[:k + 1], tail[:k + 1]
 
 
 # -- dispatch on a policy -------------------------------------------------------------

@@ -482,24 +482,6 @@ def test_queue_full_rejects_at_once(pipeline):
     assert res.status.tolist() == [COMPLETED, COMPLETED, COMPLETED, REJECTED]
 
 
-def test_requests_their_callers_cancelled_leave_room_in_a_full_queue():
-    """A caller that timed out and retries must not find its own abandoned requests
-    holding the queue: they are not waiting any more (and are recorded as failed)."""
-    async def main():
-        async with DynamicBatcher(Affine(), bs.BatchPolicy(4, 10_000.0, max_queue_size=2)) as b:
-            gave_up = [b.submit_nowait(torch.zeros(4)) for _ in range(2)]
-            with pytest.raises(QueueFullError, match="2 requests waiting"):
-                b.submit_nowait(torch.zeros(4))
-            for f in gave_up:
-                f.cancel()
-            retry = b.submit_nowait(torch.ones(4))
-        return retry.result(), b.result()
-
-    out, res = run(main())
-    assert torch.equal(out, torch.full((4,), 3.0))
-    assert res.status.tolist() == [FAILED, FAILED, REJECTED, COMPLETED]
-
-
 @pytest.mark.parametrize("per_request", [False, True])
 def test_requests_that_wait_past_their_timeout_fail_and_never_run(per_request, pipeline):
     gate = threading.Event()
@@ -611,9 +593,9 @@ def test_close_without_drain_fails_the_waiting_requests(draining, pipeline):
         running = b.submit_nowait(torch.zeros(4))
         await asyncio.sleep(0.01)
         waiting = [b.submit_nowait(torch.zeros(4)) for _ in range(3)]
-        closing = [asyncio.create_task(b.close(drain=False))]
-        if draining:   # runs first, in the order the tasks were made
-            closing.insert(0, asyncio.create_task(b.close(drain=True)))
+        # Tasks run in the order they are made: the drain (if any) starts first.
+        closing = [asyncio.create_task(b.close(drain=True))] if draining else []
+        closing.append(asyncio.create_task(b.close(drain=False)))
         await asyncio.sleep(0.01)
         gate.set()
         await asyncio.gather(*closing)
@@ -644,6 +626,7 @@ def test_a_cancelled_close_still_stops_the_threads_once_drained(pipeline):
             if not any(t.is_alive() for t in b._runner.threads):
                 break
             await asyncio.sleep(0.01)
+        assert not any(t.is_alive() for t in b._runner.threads)
         await b.close()                                  # returns at once
         return b
 

@@ -236,6 +236,14 @@ def test_size_or_timeout_with_a_cap_that_never_binds_is_the_uncapped_sum():
         assert p.wait_s == pytest.approx((mu**2 + 2 * mu) / (2 * rate * (1 + mu)), rel=1e-12)
 
 
+def test_size_or_timeout_with_a_window_far_longer_than_a_batch_fills_every_batch():
+    """``lambda W`` of 1e11 and ``b = 32``: every batch fills long before the window ends,
+    so the wait is ``(b - 1) / (2 lambda)``, worked out on the cap's 32 terms (a law over
+    the window's reach would need 1e11)."""
+    p = theory.timeout_batching_ample_workers(1e10, AFFINE, 32, 1e4)
+    assert p.mean_batch_size == 32 and p.wait_s == pytest.approx(31 / 2e10, rel=1e-12)
+
+
 @pytest.mark.parametrize("rate", [1e-3, 1e-9, 1e-13])
 def test_size_or_timeout_at_a_vanishing_rate_waits_out_the_window(rate):
     """With ``mu = lambda W`` tiny the batch nearly always waits the whole window alone:

@@ -334,7 +334,11 @@ class DynamicBatcher:
         For callers on the event loop's thread that want to avoid one coroutine per
         request (load generators). Raises ``ValueError`` for an input that does not fit
         the spec, ``QueueFullError`` when ``max_queue_size`` requests already wait and
-        ``BatcherClosedError`` after ``close()``. ``timeout_ms`` overrides the policy's
+        ``BatcherClosedError`` after ``close()``. A request its caller cancelled, like
+        one past its timeout, keeps its place (towards ``max_queue_size`` and the size
+        trigger) until the next batch is formed, as the rule counts expired ones: looking
+        for them at every arrival to a full queue cost up to 0.2 ms an arrival with
+        10,000 waiting. ``timeout_ms`` overrides the policy's
         ``timeout_ms`` for this request: if it has waited longer when its batch is
         formed, its future fails with ``TimeoutError`` and it never runs (by the rule,
         expiry is checked when a batch is formed, so that is when the error comes).
@@ -359,8 +363,6 @@ class DynamicBatcher:
         now = time.perf_counter() - self._t0
         waiting = self._waiting
         n = len(waiting)
-        if rule.rejects(pol, n):
-            n = self._drop_cancelled(now)  # their callers gave up: they wait no more
         arrivals = self._log.arrival_s
         rid = len(arrivals)
         arrivals.append(now)
@@ -495,19 +497,6 @@ class DynamicBatcher:
                 f"{pol.timeout_ms} ms, before its batch was formed; it never ran"))
             return True
         return False
-
-    def _drop_cancelled(self, now_s: float) -> int:
-        """Drop the waiting requests whose callers cancelled them (recorded as failed, as
-        ``_take`` does); how many still wait."""
-        waiting = self._waiting
-        live = [item for item in waiting if not item[2].done()]
-        if len(live) < len(waiting):
-            live_ids = {item[0] for item in live}
-            self._log.failed.append(([item[0] for item in waiting if item[0] not in live_ids],
-                                     now_s))
-            waiting.clear()
-            waiting.extend(live)
-        return len(live)
 
     def _fail_waiting(self, now_s: float) -> None:
         ids = []

@@ -336,8 +336,10 @@ class Runner:
     def stop(self, join: bool = True) -> None:
         """Stop the threads once they have run what they were given; let the buffers go.
 
-        ``join=False``: only tell the threads to stop, and return at once (a start that
-        failed or was cancelled while a model runs must not wait for it).
+        ``join=False``: only tell the threads to stop, and return at once, for a start
+        that failed or was cancelled while a model runs (it must not wait for the
+        model); a batch still on its way through a pipeline may be dropped, and the
+        buffers go with the batcher.
         """
         self._join(join)
         if join:
