@@ -206,7 +206,7 @@ def _chain_terms(rate, service, q, a, b):
     rest = q - k
     s = np.asarray(service.mean_s(k), float)
     mean = rate * s                                          # arrivals during each batch
-    tail = np.ceil(mean + 40 * np.sqrt(mean) + 40).astype(int)  # beyond: below 1e-120
+    tail = _poisson_reach(mean)
     log_fact = _log_factorials(max(q[-1] + 1, tail.max()))
     trans = np.zeros((n, n))
     idle_area = np.zeros(n)
@@ -230,6 +230,12 @@ def _chain_terms(rate, service, q, a, b):
     pi = np.linalg.solve(system, rhs)
     area = q * s + rate * s**2 / 2 + idle_area
     return pi, area, k, k * s
+
+
+def _poisson_reach(mean):
+    """How far a Poisson law of ``mean`` (a number or an array) reaches: beyond this
+    count its mass is below 1e-120 (40 standard deviations, and 40 more for small means)."""
+    return np.ceil(mean + 40 * np.sqrt(mean) + 40).astype(int)
 
 
 def _log_factorials(n: int) -> np.ndarray:
@@ -338,7 +344,7 @@ def _poisson_law(mean: float, n: int) -> tuple[np.ndarray, np.ndarray]:
     if n <= mean:
         pmf = law(n)
         return pmf, 1.0 - np.r_[0.0, np.cumsum(pmf)[:-1]]
-    top = int(math.ceil(mean + 40 * math.sqrt(mean) + 40))
+    top = int(_poisson_reach(mean))
     pmf = law(top)
     pmf /= pmf.sum()              # the whole law, so its terms' rounding cancels out
     tail = np.cumsum(pmf[::-1])[::-1]

@@ -338,16 +338,13 @@ class DynamicBatcher:
         one past its timeout, keeps its place (towards ``max_queue_size`` and the size
         trigger) until the next batch is formed, as the rule counts expired ones: looking
         for them at every arrival to a full queue cost up to 0.2 ms an arrival with
-        10,000 waiting. ``timeout_ms`` overrides the policy's
-        ``timeout_ms`` for this request: if it has waited longer when its batch is
-        formed, its future fails with ``TimeoutError`` and it never runs (by the rule,
-        expiry is checked when a batch is formed, so that is when the error comes).
+        10,000 waiting. ``timeout_ms`` overrides the policy's ``timeout_ms`` for this
+        request: if it has waited longer when its batch is formed, its future fails with
+        ``TimeoutError`` and it never runs (by the rule, expiry is checked when a batch
+        is formed, so that is when the error comes).
         """
         if self._closed or not self._started:
-            raise BatcherClosedError("submit after close(): the batcher accepts no requests"
-                                     if self._closed else
-                                     "submit before start() has returned: await "
-                                     "batcher.start() first")
+            raise self._not_open()
         if asyncio._get_running_loop() is not self._loop:
             raise RuntimeError("submit on the event loop the batcher was started on "
                                "(submit_threadsafe from another thread)")
@@ -379,10 +376,7 @@ class DynamicBatcher:
     def submit_threadsafe(self, x, timeout_ms: float | None = None):
         """From another thread: queue ``x``; returns a ``concurrent.futures.Future``."""
         if self._closed or not self._started:
-            raise BatcherClosedError("submit after close(): the batcher accepts no requests"
-                                     if self._closed else
-                                     "submit before start() has returned: await "
-                                     "batcher.start() first")
+            raise self._not_open()
         request = self.submit(x, timeout_ms)
         try:
             return asyncio.run_coroutine_threadsafe(request, self._loop)
@@ -390,6 +384,13 @@ class DynamicBatcher:
             request.close()
             raise BatcherClosedError("the batcher's event loop is closed: it accepts no "
                                      "requests") from None
+
+    def _not_open(self) -> BatcherClosedError:
+        """Why a submit is refused before ``start()`` has returned or after ``close()``."""
+        return BatcherClosedError("submit after close(): the batcher accepts no requests"
+                                  if self._closed else
+                                  "submit before start() has returned: await "
+                                  "batcher.start() first")
 
     @staticmethod
     def _as_tensor(x):
