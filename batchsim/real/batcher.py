@@ -215,8 +215,7 @@ class DynamicBatcher:
             try:
                 errors = await self._runner.warmup(capture)
             except BaseException:  # the warm-up failed or start() was cancelled
-                self._closed, self._close_s = True, 0.0
-                self._idle = self._loop.create_future()
+                self._begin_close(0.0)
                 self._idle.set_result(None)
                 self._runner.stop(join=False)  # a hung model must not hang the loop too
                 raise
@@ -291,9 +290,7 @@ class DynamicBatcher:
         if self._loop is None:
             raise RuntimeError("close() before start(): nothing to close")
         if not self._closed:
-            self._closed = True
-            self._close_s = self.now_s()
-            self._idle = self._loop.create_future()
+            self._begin_close(self.now_s())
             if not drain:
                 self._fail_waiting(self._close_s)
             self._decide()
@@ -301,6 +298,11 @@ class DynamicBatcher:
             self._fail_waiting(self.now_s())
             self._check_idle()
         await asyncio.shield(self._idle)
+
+    def _begin_close(self, close_s: float) -> None:
+        """Accept no more requests from ``close_s`` on; ``close()`` waits for ``_idle``."""
+        self._closed, self._close_s = True, close_s
+        self._idle = self._loop.create_future()
 
     def result(self) -> RunResult:
         """The run so far as a RunResult (times in seconds since ``start()``).
