@@ -27,7 +27,13 @@ from batchsim.real import (
     run_load,
 )
 from batchsim.real.batcher import one_worker
-from batchsim.real.runners import Graphs, HostSteps, graph_buckets, single_threaded_ops
+from batchsim.real.runners import (
+    Graphs,
+    HostSteps,
+    OutputRowsError,
+    graph_buckets,
+    single_threaded_ops,
+)
 from batchsim.result import COMPLETED, EXPIRED, FAILED, REJECTED
 
 SPEC = InputSpec((4,), torch.float32)
@@ -385,6 +391,32 @@ def test_model_exception_fails_only_the_poisoned_requests(pipeline):
     assert res.n_batches == 1 and res.summary()["n_completed"] == 14
     # The whole batch ran once, then halves until each poisoned input stood alone.
     assert [len(s) for s in model.seen][:3] == [16, 8, 4]
+
+
+def test_an_output_without_a_row_per_input_fails_its_whole_batch_at_once(pipeline):
+    """The model's fault, not an input's: halving the batch would call it 2n - 2 more
+    times for the same error. A later batch the model answers properly is served."""
+    calls = []
+
+    def first_row_only(x):
+        calls.append(len(x))
+        return x[:1]
+
+    async def main():
+        async with DynamicBatcher(first_row_only, bs.BatchPolicy(4, math.inf),
+                                  input_spec=SPEC, pipeline=pipeline) as b:
+            outs = await asyncio.gather(*(b.submit(x) for x in inputs(4)),
+                                        return_exceptions=True)
+            alone = b.submit_nowait(torch.ones(4))  # flushed as a batch of one by close()
+        return outs, await alone, b.result()
+
+    outs, y, res = run(main())
+    for out in outs:
+        assert isinstance(out, OutputRowsError) and isinstance(out, TypeError)
+        assert "one row per input: got (1, 4) for a batch of 4" in str(out)
+    assert calls == [4, 1]
+    assert res.status.tolist() == [FAILED] * 4 + [COMPLETED]
+    assert torch.equal(y, torch.ones(4))
 
 
 class Abort(BaseException):

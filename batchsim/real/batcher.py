@@ -24,9 +24,10 @@ control flow); when a capture fails, that worker runs the model eagerly and
 
 Failures stay with the requests that cause them: a model exception (or a CUDA
 out-of-memory error) splits the batch in halves and retries each, down to single
-requests. Every request ends exactly one way: a result, or an exception (its own
-model error, ``TimeoutError``, ``QueueFullError``, ``BatcherClosedError``), or
-cancellation by its caller; ``result()`` then returns the run as a ``RunResult``.
+requests; an output without one row per input fails its whole batch at once. Every
+request ends exactly one way: a result, or an exception (its own model error,
+``TimeoutError``, ``QueueFullError``, ``BatcherClosedError``), or cancellation by its
+caller; ``result()`` then returns the run as a ``RunResult``.
 """
 
 from __future__ import annotations

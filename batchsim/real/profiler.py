@@ -279,8 +279,8 @@ def _step(model, spec: InputSpec, dev: torch.device, b: int, copies: bool):
 
 def _check_rows(model, x: torch.Tensor) -> None:
     """Run ``model`` once on the batch ``x``, untimed: a ``TypeError`` if it does not
-    return one row per input (a batcher would split such a batch down to single
-    requests, and a profile would time that)."""
+    return one row per input (a batcher would fail every such batch at once, and a
+    profile would time that)."""
     with torch.no_grad():
         checked_output(model(x), len(x))
 

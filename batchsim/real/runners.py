@@ -31,7 +31,8 @@ bucket ``>= n`` -- the pad rows hold whatever the buffer held, are computed and 
 
 A model error (or a CUDA out-of-memory error) splits the batch in halves and retries
 each, down to single requests (``Runner._serve``), so that only the inputs that cause
-an error fail.
+an error fail. An output without one row per input (``OutputRowsError``) is the
+model's fault, not an input's: it fails the whole batch at once.
 """
 
 from __future__ import annotations
@@ -54,13 +55,17 @@ if TYPE_CHECKING:
     from .batcher import DynamicBatcher
 
 
+class OutputRowsError(TypeError):
+    """A model returned something other than a tensor with one row per input."""
+
+
 def checked_output(out, n: int) -> torch.Tensor:
     """``out``, a model's output for a batch of ``n``, if it has one row per input; else
-    a ``TypeError`` saying what came back."""
+    an ``OutputRowsError`` saying what came back."""
     if not isinstance(out, torch.Tensor) or out.ndim == 0 or out.shape[0] != n:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise TypeError(f"model_fn must return a tensor with one row per input: got "
-                        f"{got} for a batch of {n}")
+        raise OutputRowsError(f"model_fn must return a tensor with one row per input: "
+                              f"got {got} for a batch of {n}")
     return out
 
 
@@ -378,7 +383,9 @@ class Runner:
 
         On an error (``error``: one already raised by this batch) split the batch and
         retry the halves, down to single requests, so that only the inputs that cause
-        an error fail (each with it, ``as_exception``).
+        an error fail (each with it, ``as_exception``). An ``OutputRowsError`` fails
+        every request of ``xs`` at once: halves would only call a model that breaks its
+        contract ``2 len(xs) - 2`` more times.
         """
         steps = self.steps
         if error is None:
@@ -388,9 +395,9 @@ class Runner:
                 return out.unbind(0), []
             except BaseException as e:
                 error = as_exception(e)
-        if len(xs) == 1:
-            return [error], [0]
         steps.recover(slot, error)
+        if len(xs) == 1 or isinstance(error, OutputRowsError):
+            return [error] * len(xs), list(range(len(xs)))
         half = len(xs) // 2
         outs_a, failed_a = self._serve(slot, xs[:half])
         outs_b, failed_b = self._serve(slot, xs[half:])
