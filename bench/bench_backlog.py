@@ -19,7 +19,11 @@ run's last arrival) compares, real against simulated:
 
 Per arrival set it prints each row with a backlog (at least ``MIN_BATCHES`` such
 batches) and the medians over them, with the correlation between the service rate's
-error and the p50 error over the rows.
+error and the p50 error over the rows. Then, over the set's real runs, whether the
+backlog's batches ran slower than the other batches of their kind
+(``backlog_by_kind``): a backlog that is slow only because its batches are of slow
+kinds (back to back, receiving many requests over many turns) needs those kinds
+modelled, not the backlog.
 
 Run: ``.venv/bin/python bench/bench_backlog.py RUNS.pkl.gz [--out FILE]``.
 """
@@ -29,10 +33,22 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from bench_batch_residuals import RECEIVED_EDGES, TURN_EDGES, idle_bins, label_bins
 from bench_fidelity import load_saved_runs, write_report
 
 #: A row is compared when at least this many of its batches started in a backlog.
 MIN_BATCHES = 50
+#: ``backlog_by_kind`` sets a backlog's batches against the other batches of their kind
+#: where the set has at least this many of those.
+KIND_MIN_BATCHES = 30
+
+
+def in_backlog(res, start_s) -> np.ndarray:
+    """Whether each batch of ``res`` that started at ``start_s`` (in dispatch order)
+    found at least two full batches waiting, before the run's last arrival."""
+    served_before = np.r_[0, np.cumsum(res.size)][np.searchsorted(res.start_s, start_s)]
+    waiting = np.searchsorted(res.arrival_s, start_s, "right") - served_before
+    return (waiting >= 2 * res.size.max()) & (start_s < res.arrival_s[-1])
 
 
 def backlog_stats(service, res) -> dict | None:
@@ -44,9 +60,7 @@ def backlog_stats(service, res) -> dict | None:
 
     b, worker_ms, received, idle_ms = _batches(res)
     start_s = res.start_s[WARM_BATCHES:]
-    waiting = (np.searchsorted(res.arrival_s, start_s, "right")
-               - np.cumsum(res.size)[WARM_BATCHES:] + b)
-    backlog = (waiting >= 2 * res.size.max()) & (start_s < res.arrival_s[-1])
+    backlog = in_backlog(res, start_s)
     backlog[-1] = False                      # the last batch has no next start
     if backlog.sum() < MIN_BATCHES:
         return None
@@ -81,6 +95,64 @@ def compare_backlogs(service, runs) -> list[dict]:
     return rows
 
 
+def kind_table(service, runs):
+    """Every batch of the real ``runs`` (the rows of one arrival set) but the stalled
+    ones: its ``typical_ms`` (``batchsim.calibrate.batch_residuals``), ``told_ms`` (the
+    time it held its worker over its row's ``worker_time_ratio``: its row's speed taken
+    out), whether it started in a ``backlog`` (``in_backlog``), and its ``kind``: the
+    row's max_batch_size, and the bins of the requests it received, of the load
+    generator's turns that brought them (where the runs recorded their turns) and of the
+    time its worker sat idle before it."""
+    import pandas as pd
+
+    from batchsim.calibrate import _stalled, batch_residuals, worker_time_ratio
+
+    frames = []
+    for run in runs:
+        real = run["real"]
+        t = batch_residuals(service, real)
+        t = t[~_stalled((t["worker_ms"] - t["typical_ms"]).to_numpy())]
+        parts = [str(run["policy"].max_batch_size), label_bins(t["received"], RECEIVED_EDGES),
+                 idle_bins(t["idle_ms"])]
+        if t["turns"].notna().all():
+            parts.insert(2, label_bins(t["turns"], TURN_EDGES))
+        frames.append(pd.DataFrame({
+            "typical_ms": t["typical_ms"],
+            "told_ms": t["worker_ms"] / worker_time_ratio(service, real),
+            "backlog": in_backlog(real, t["start_s"].to_numpy()),
+            "kind": ["/".join(map(str, k)) for k in zip(*(
+                [p] * len(t) if isinstance(p, str) else p.astype(str) for p in parts),
+                strict=True)]}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def backlog_by_kind(table, min_batches: int = KIND_MIN_BATCHES) -> dict:
+    """Whether a backlog's batches ran slower than the other batches of their kind, over
+    a ``kind_table``: ``backlog_told`` and ``other_told``, the total ``told_ms`` of the
+    backlog's batches and of the others over their total ``typical_ms`` (each row's
+    speed taken out); ``expected_from_kind``, the backlog's batches each at its kind's
+    ratio among the other batches (the others' overall ratio for a kind with fewer than
+    ``min_batches`` of them: ``covered`` is the share of the backlog's batches with a
+    kind of their own); ``backlog_over_kind``, the one over the other. Totals, as a queue
+    drains at its batches' mean time. ``{"backlog_batches": n}`` alone where there is
+    no backlog, or nothing else."""
+    backlog, other = table[table["backlog"]], table[~table["backlog"]]
+    if backlog.empty or other.empty:
+        return {"backlog_batches": len(backlog)}
+    cells = other.groupby("kind")[["told_ms", "typical_ms"]].sum()
+    counts = other["kind"].value_counts()
+    ratio = (cells["told_ms"] / cells["typical_ms"])[counts[cells.index] >= min_batches]
+    other_told = other["told_ms"].sum() / other["typical_ms"].sum()
+    per_batch = backlog["kind"].map(ratio)
+    expected = ((backlog["typical_ms"] * per_batch.fillna(other_told)).sum()
+                / backlog["typical_ms"].sum())
+    backlog_told = backlog["told_ms"].sum() / backlog["typical_ms"].sum()
+    return {"backlog_batches": len(backlog), "backlog_told": float(backlog_told),
+            "other_told": float(other_told), "expected_from_kind": float(expected),
+            "backlog_over_kind": float(backlog_told / expected),
+            "covered": float(per_batch.notna().mean())}
+
+
 def summarize(rows: list[dict]) -> dict:
     """Medians over the rows, and how the p50 error follows the service rate's."""
     if not rows:
@@ -107,7 +179,8 @@ def main() -> None:
     report = {}
     for name, runs in saved["runs"].items():
         rows = compare_backlogs(saved["service"], runs)
-        report[name] = {"summary": summarize(rows), "rows": rows}
+        kind = backlog_by_kind(kind_table(saved["service"], runs))
+        report[name] = {"summary": summarize(rows), "rows": rows, "by_kind": kind}
         print(f"-- {name}: rows with a backlog (>= {MIN_BATCHES} batches started with two "
               f"full batches waiting)")
         for r in rows:
@@ -125,6 +198,14 @@ def main() -> None:
                   f"calibration's real {s['median_real_time_over_typical']:.3f}, sim "
                   f"{s['median_sim_time_over_typical']:.3f}; correlation of the two errors "
                   f"{s['corr_service_rps_latency_p50']:+.2f}", flush=True)
+        if "expected_from_kind" in kind:
+            print(f"   backlog by kind, each row's speed taken out: the backlog's "
+                  f"{kind['backlog_batches']} batches ran {kind['backlog_told']:.3f}x their "
+                  f"typical time, the others {kind['other_told']:.3f}x; the others of "
+                  f"their kind would have run {kind['expected_from_kind']:.3f}x "
+                  f"(backlog over kind {kind['backlog_over_kind']:.3f}; "
+                  f"{kind['covered']:.0%} of the backlog's batches of a kind with "
+                  f">= {KIND_MIN_BATCHES} others)", flush=True)
     write_report(report, args.out)
 
 

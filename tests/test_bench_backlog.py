@@ -17,7 +17,12 @@ from batchsim.calibrate import at_speed
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from bench_backlog import compare_backlogs, summarize  # noqa: E402  (a script)
+from bench_backlog import (  # noqa: E402  (a script)
+    backlog_by_kind,
+    compare_backlogs,
+    kind_table,
+    summarize,
+)
 
 
 def saved_runs(speeds) -> dict:
@@ -58,6 +63,46 @@ def test_a_run_at_the_calibrations_speed_is_served_as_fast_as_simulated():
     assert slow["err_service_rps"] > 0.02 and slow["err_latency_ms_p50"] < 0
 
 
+def test_the_kind_table_takes_each_rows_speed_out():
+    """Simulated "real" runs, spread-free, at 1 and 1.1 times the calibration's time:
+    told its row's speed, every batch takes its typical time, in a backlog or not."""
+    saved = saved_runs((1.0, 1.1))
+    table = kind_table(saved["service"], saved["runs"]["bursty"])
+    np.testing.assert_allclose(table["told_ms"], table["typical_ms"], rtol=1e-9)
+    assert 50 <= table["backlog"].sum() < len(table)
+    # A kind: max_batch_size / requests received / the generator's turns / idle time.
+    assert table["kind"].str.count("/").eq(3).all() and table["kind"].str.startswith("8/").all()
+    kind = backlog_by_kind(table)
+    assert kind["backlog_over_kind"] == pytest.approx(1.0, rel=1e-9)
+    assert kind["backlog_told"] == pytest.approx(1.0, rel=1e-9)
+
+
+def test_a_backlog_of_slow_kinds_is_not_slow_for_its_kinds():
+    import pandas as pd
+
+    def batches(kind, n, told_ms, backlog):
+        return pd.DataFrame({"kind": [kind] * n, "typical_ms": 1.0, "told_ms": told_ms,
+                             "backlog": backlog})
+
+    others = [batches("a", 40, 1.0, False), batches("b", 40, 1.2, False)]
+    table = pd.concat([*others, batches("a", 10, 1.0, True), batches("b", 30, 1.2, True)])
+    kind = backlog_by_kind(table)
+    # Slower than the others (mostly of kind b), as fast as the others of its kinds.
+    assert kind["backlog_told"] == pytest.approx(46 / 40)
+    assert kind["other_told"] == pytest.approx(88 / 80)
+    assert kind["expected_from_kind"] == pytest.approx(46 / 40)
+    assert kind["backlog_over_kind"] == pytest.approx(1.0) and kind["covered"] == 1.0
+    # Its kind-a batches 10% slower, and five of a kind seen only in the backlog (read
+    # at the others' overall ratio).
+    table = pd.concat([*others, batches("a", 10, 1.1, True), batches("b", 30, 1.2, True),
+                       batches("c", 5, 2.0, True)])
+    kind = backlog_by_kind(table)
+    assert kind["backlog_told"] == pytest.approx((11 + 36 + 10) / 45)
+    assert kind["expected_from_kind"] == pytest.approx((10 + 36 + 5 * 88 / 80) / 45)
+    assert kind["covered"] == pytest.approx(40 / 45)
+    assert backlog_by_kind(pd.concat(others)) == {"backlog_batches": 0}
+
+
 def test_summary_takes_medians_and_correlates_the_errors():
     def row(err_rate, err_p50, real_time):
         return {"err_service_rps": err_rate, "err_latency_ms_p50": err_p50,
@@ -80,9 +125,10 @@ def test_script_reads_a_pickle_and_writes_json(tmp_path):
     done = subprocess.run([sys.executable, "bench/bench_backlog.py", str(runs), "--out",
                            str(out)], cwd=ROOT, check=True, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert "median over 3 rows" in done.stdout
+    assert "median over 3 rows" in done.stdout and "backlog by kind" in done.stdout
     report = json.loads(out.read_text())
     assert report["bursty"]["summary"]["rows"] == 3
+    assert report["bursty"]["by_kind"]["backlog_over_kind"] == pytest.approx(1.0, rel=1e-9)
     # The slow row's error is the largest: the simulator serves it fastest.
     errors = [r["err_service_rps"] for r in report["bursty"]["rows"]]
     assert errors.index(max(errors)) == 1
