@@ -47,7 +47,9 @@ class BatchPolicy:
     ``max_batch_size=1`` no batching. ``max_queue_size`` bounds the waiting queue
     (arrivals beyond it are rejected); with ``max_wait_ms=inf`` it must hold a full batch.
     ``timeout_ms`` drops requests that waited longer than that before their batch was
-    formed.
+    formed; ``timeout_ms=0`` keeps only a request dispatched at the instant it arrives
+    (in a simulation, one that finds a worker free and a trigger met; the real batcher
+    takes microseconds to dispatch, so there it keeps none).
     """
 
     max_batch_size: int
