@@ -732,8 +732,11 @@ class Comparison:
 def compare(real: RunResult, sim: RunResult, warmup_frac: float = 0.0) -> Comparison:
     """Compare ``sim`` with ``real``, two runs over the same requests (matched by index).
 
-    Both summaries skip the first ``warmup_frac`` of requests, and so do the per-request
-    errors.
+    The same requests: both were due at the same instants (``_sending_due_s``: a load
+    generator's schedule, or the arrivals themselves), or arrived at the same instants
+    (a simulation of the arrivals a real run recorded); anything else is refused, as
+    its per-request errors would set unrelated requests side by side. Both summaries
+    skip the first ``warmup_frac`` of requests, and so do the per-request errors.
     """
     import pandas as pd
 
@@ -743,6 +746,7 @@ def compare(real: RunResult, sim: RunResult, warmup_frac: float = 0.0) -> Compar
     if real.n_requests != sim.n_requests:
         raise ValueError(f"sim must have as many requests as real ({real.n_requests}), "
                          f"got {sim.n_requests}")
+    _check_same_requests(real, sim)
     a, b = real.summary(warmup_frac=warmup_frac), sim.summary(warmup_frac=warmup_frac)
     table = pd.DataFrame({"real": [a[m] for m in METRICS], "sim": [b[m] for m in METRICS]},
                          index=list(METRICS))
@@ -756,6 +760,25 @@ def compare(real: RunResult, sim: RunResult, warmup_frac: float = 0.0) -> Compar
                  else dict.fromkeys(qs, math.nan))
     median_abs = float(np.median(np.abs(kept))) if kept.size else math.nan
     return Comparison(table, error_ms, quantiles, median_abs)
+
+
+def _sending_due_s(res: RunResult) -> np.ndarray:
+    """When each request of ``res`` was due to be sent: a load generator's schedule
+    (``run_load``'s ``scheduled_s``; a simulated sender's ``sent_s``), else its arrivals."""
+    return res.meta.get("scheduled_s", res.meta.get("sent_s", res.arrival_s))
+
+
+def _check_same_requests(real: RunResult, sim: RunResult) -> None:
+    """A ``ValueError`` naming the first request that tells ``real`` and ``sim`` apart,
+    unless both were due at the same instants or arrived at the same ones (to 1 ns)."""
+    pairs = ((_sending_due_s(real), _sending_due_s(sim)), (real.arrival_s, sim.arrival_s))
+    if any(np.allclose(a, b, rtol=0.0, atol=1e-9) for a, b in pairs):
+        return
+    a, b = pairs[0]
+    i = int(np.argmax(np.abs(a - b) > 1e-9))
+    raise ValueError(f"sim must serve real's requests (due, or arriving, at the same "
+                     f"instants), got request {i} due at {a[i]:.9g} s in real and "
+                     f"{b[i]:.9g} s in sim")
 
 
 class _CallableModule(types.ModuleType):

@@ -803,6 +803,23 @@ def test_compare_skips_requests_either_run_lost_and_refuses_other_lengths():
         compare("real", sim)
 
 
+def test_compare_takes_runs_of_the_same_requests_only():
+    """Same requests: due at the same instants (a real run's schedule, a simulated
+    sender's), or arriving at the same ones (a simulation of the recorded arrivals)."""
+    arrival_s = np.array([0.0, 0.01, 0.02])
+    real = one_request_batches([1.0, 2.0, 3.0], arrival_s + 0.001)
+    real.meta["scheduled_s"] = arrival_s            # sent 1 ms late
+    of_recorded = one_request_batches([1.5, 2.0, 3.0], arrival_s + 0.001)
+    assert compare(real, of_recorded).error_ms[0] == pytest.approx(0.5)
+    of_schedule = one_request_batches([1.0, 2.5, 3.0], arrival_s + 0.002)
+    of_schedule.meta["sent_s"] = arrival_s.copy()
+    assert compare(real, of_schedule).error_ms[1] == pytest.approx(0.5)
+    other = one_request_batches([1.0, 2.0, 3.0], [0.0, 0.011, 0.02])
+    with pytest.raises(ValueError, match=r"sim must serve real's requests .* request 1 "
+                                         r"due at 0\.01 s in real and 0\.011 s in sim"):
+        compare(real, other)
+
+
 # -- calibrate() on a model of known cost -----------------------------------------------
 
 BASE_MS, PER_ITEM_MS = 2.0, 0.25
