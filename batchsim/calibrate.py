@@ -21,7 +21,7 @@ serving ``model`` and returns a ``CalibratedService`` that ``simulate`` accepts:
   ``armed + ceil((due - armed) / resolution) * resolution + latency``.
 
 The batcher's costs are a ``BatcherCosts`` that both simulation engines apply.
-``compare(real, sim)`` puts two runs over the same arrivals side by side (percentiles,
+``compare(real, sim)`` puts two runs over the same requests side by side (percentiles,
 mean, throughput, mean batch size and their relative errors, and the error of every
 request); ``batchsim.fidelity`` makes such runs and compares them over a grid.
 ``worker_time_ratio`` measures how slow a real run's batches ran against the
@@ -705,7 +705,7 @@ def _timer(n: int, seed: int) -> tuple[float, float, dict]:
 
 @dataclass(eq=False)
 class Comparison:
-    """A real run and a simulated one over the same arrivals, side by side.
+    """A real run and a simulated one over the same requests, side by side.
 
     ``table``: one row per metric (``METRICS``) with ``real``, ``sim`` and ``rel_error``
     (``sim / real - 1``). ``error_ms``: per request, simulated minus real latency (NaN
@@ -769,16 +769,18 @@ def _sending_due_s(res: RunResult) -> np.ndarray:
 
 
 def _check_same_requests(real: RunResult, sim: RunResult) -> None:
-    """A ``ValueError`` naming the first request that tells ``real`` and ``sim`` apart,
-    unless both were due at the same instants or arrived at the same ones (to 1 ns)."""
-    pairs = ((_sending_due_s(real), _sending_due_s(sim)), (real.arrival_s, sim.arrival_s))
-    if any(np.allclose(a, b, rtol=0.0, atol=1e-9) for a, b in pairs):
-        return
-    a, b = pairs[0]
-    i = int(np.argmax(np.abs(a - b) > 1e-9))
+    """A ``ValueError`` naming where ``real`` and ``sim`` first differ, in when their
+    requests were due and in when they arrived, unless they agree in either (to 1 ns)."""
+    differ = []
+    for what, a, b in (("due", _sending_due_s(real), _sending_due_s(sim)),
+                       ("arrived", real.arrival_s, sim.arrival_s)):
+        off = ~np.isclose(a, b, rtol=0.0, atol=1e-9, equal_nan=True)
+        if not off.any():
+            return
+        i = int(np.argmax(off))
+        differ.append(f"request {i} {what} at {a[i]:.9g} s in real and {b[i]:.9g} s in sim")
     raise ValueError(f"sim must serve real's requests (due, or arriving, at the same "
-                     f"instants), got request {i} due at {a[i]:.9g} s in real and "
-                     f"{b[i]:.9g} s in sim")
+                     f"instants), got {'; '.join(differ)}")
 
 
 class _CallableModule(types.ModuleType):

@@ -49,7 +49,7 @@ class BatchPolicy:
     ``timeout_ms`` drops requests that waited longer than that before their batch was
     formed; ``timeout_ms=0`` keeps only a request dispatched at the instant it arrives
     (in a simulation, one that finds a worker free and a trigger met; the real batcher
-    takes microseconds to dispatch, so there it keeps none).
+    takes microseconds to dispatch, so there it keeps practically none).
     """
 
     max_batch_size: int

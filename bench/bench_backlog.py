@@ -25,15 +25,23 @@ backlog's batches ran slower than the other batches of their kind
 kinds (back to back, receiving many requests over many turns) needs those kinds
 modelled, not the backlog.
 
-Run: ``.venv/bin/python bench/bench_backlog.py RUNS.pkl.gz [--out FILE]``.
+Run: ``.venv/bin/python bench/bench_backlog.py RUNS.pkl.gz [--out FILE]``; with
+``--kind-only RUNS.pkl.gz ...``, only ``backlog_by_kind`` for each set of each pickle.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
-from bench_batch_residuals import RECEIVED_EDGES, TURN_EDGES, idle_bins, label_bins
+from bench_batch_residuals import (
+    RECEIVED_EDGES,
+    SIZE_EDGES,
+    TURN_EDGES,
+    idle_bins,
+    label_bins,
+)
 from bench_fidelity import load_saved_runs, write_report
 
 #: A row is compared when at least this many of its batches started in a backlog.
@@ -43,11 +51,17 @@ MIN_BATCHES = 50
 KIND_MIN_BATCHES = 30
 
 
-def in_backlog(res, start_s) -> np.ndarray:
-    """Whether each batch of ``res`` that started at ``start_s`` (in dispatch order)
-    found at least two full batches waiting, before the run's last arrival."""
-    served_before = np.r_[0, np.cumsum(res.size)][np.searchsorted(res.start_s, start_s)]
-    waiting = np.searchsorted(res.arrival_s, start_s, "right") - served_before
+def in_backlog(res, batches) -> np.ndarray:
+    """Whether each of the batches of ``res`` at the positions ``batches`` (in dispatch
+    order) found at least two full batches waiting, before the run's last arrival
+    (rejected arrivals never wait)."""
+    from batchsim.result import REJECTED
+
+    batches = np.asarray(batches)
+    start_s = res.start_s[batches]
+    arrived_s = res.arrival_s[res.status != REJECTED]
+    served_before = np.r_[0, np.cumsum(res.size)][batches]
+    waiting = np.searchsorted(arrived_s, start_s, "right") - served_before
     return (waiting >= 2 * res.size.max()) & (start_s < res.arrival_s[-1])
 
 
@@ -56,15 +70,15 @@ def backlog_stats(service, res) -> dict | None:
     and before its last arrival: the service rate (requests/s), mean worker time over
     the calibration's mean typical time, and mean requests received (None if fewer than
     ``MIN_BATCHES``)."""
-    from batchsim.calibrate import WARM_BATCHES, _batches, _typical_ms
+    from batchsim.calibrate import _batches, _kept_batches, _typical_ms
 
+    kept = np.flatnonzero(_kept_batches(res))
     b, worker_ms, received, idle_ms = _batches(res)
-    start_s = res.start_s[WARM_BATCHES:]
-    backlog = in_backlog(res, start_s)
+    backlog = in_backlog(res, kept)
     backlog[-1] = False                      # the last batch has no next start
     if backlog.sum() < MIN_BATCHES:
         return None
-    cycle_s = np.diff(res.start_s[WARM_BATCHES:])
+    cycle_s = np.diff(res.start_s[kept])
     typical_ms = _typical_ms(service, b[backlog], received[backlog], idle_ms[backlog])
     return {"batches": int(backlog.sum()),
             "service_rps": float(b[backlog].sum() / cycle_s[backlog[:-1]].sum()),
@@ -100,26 +114,27 @@ def kind_table(service, runs):
     ones: its ``typical_ms`` (``batchsim.calibrate.batch_residuals``), ``told_ms`` (the
     time it held its worker over its row's ``worker_time_ratio``: its row's speed taken
     out), whether it started in a ``backlog`` (``in_backlog``), and its ``kind``: the
-    row's max_batch_size, and the bins of the requests it received, of the load
-    generator's turns that brought them (where the runs recorded their turns) and of the
-    time its worker sat idle before it."""
+    row's max_batch_size, and the bins of its size, of the requests it received, of the
+    load generator's turns that brought them (where the runs recorded their turns) and
+    of the time its worker sat idle before it."""
     import pandas as pd
 
-    from batchsim.calibrate import _stalled, batch_residuals, worker_time_ratio
+    from batchsim.calibrate import _kept_batches, _stalled, batch_residuals, worker_time_ratio
 
     frames = []
     for run in runs:
         real = run["real"]
         t = batch_residuals(service, real)
+        t["backlog"] = in_backlog(real, np.flatnonzero(_kept_batches(real)))
         t = t[~_stalled((t["worker_ms"] - t["typical_ms"]).to_numpy())]
-        parts = [str(run["policy"].max_batch_size), label_bins(t["received"], RECEIVED_EDGES),
-                 idle_bins(t["idle_ms"])]
+        parts = [str(run["policy"].max_batch_size), label_bins(t["size"], SIZE_EDGES),
+                 label_bins(t["received"], RECEIVED_EDGES), idle_bins(t["idle_ms"])]
         if t["turns"].notna().all():
-            parts.insert(2, label_bins(t["turns"], TURN_EDGES))
+            parts.insert(3, label_bins(t["turns"], TURN_EDGES))
         frames.append(pd.DataFrame({
             "typical_ms": t["typical_ms"],
             "told_ms": t["worker_ms"] / worker_time_ratio(service, real),
-            "backlog": in_backlog(real, t["start_s"].to_numpy()),
+            "backlog": t["backlog"],
             "kind": ["/".join(map(str, k)) for k in zip(*(
                 [p] * len(t) if isinstance(p, str) else p.astype(str) for p in parts),
                 strict=True)]}))
@@ -170,12 +185,20 @@ def summarize(rows: list[dict]) -> dict:
                                              if len(rows) > 2 else float("nan"))}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("runs", help="a bench_fidelity.py --save-runs pickle (gzipped)")
-    p.add_argument("--out", default=None, help="also write the report as JSON")
-    args = p.parse_args()
-    saved = load_saved_runs(args.runs)
+def print_by_kind(kind: dict) -> None:
+    if "expected_from_kind" in kind:
+        print(f"   backlog by kind, each row's speed taken out: the backlog's "
+              f"{kind['backlog_batches']} batches ran {kind['backlog_told']:.3f}x their "
+              f"typical time, the others {kind['other_told']:.3f}x; the others of "
+              f"their kind would have run {kind['expected_from_kind']:.3f}x "
+              f"(backlog over kind {kind['backlog_over_kind']:.3f}; "
+              f"{kind['covered']:.0%} of the backlog's batches of a kind with "
+              f">= {KIND_MIN_BATCHES} others)", flush=True)
+
+
+def report_one(saved: dict) -> dict:
+    """Per arrival set of one pickle: its rows with a backlog, their summary and
+    ``by_kind``, printed as they come."""
     report = {}
     for name, runs in saved["runs"].items():
         rows = compare_backlogs(saved["service"], runs)
@@ -198,14 +221,33 @@ def main() -> None:
                   f"calibration's real {s['median_real_time_over_typical']:.3f}, sim "
                   f"{s['median_sim_time_over_typical']:.3f}; correlation of the two errors "
                   f"{s['corr_service_rps_latency_p50']:+.2f}", flush=True)
-        if "expected_from_kind" in kind:
-            print(f"   backlog by kind, each row's speed taken out: the backlog's "
-                  f"{kind['backlog_batches']} batches ran {kind['backlog_told']:.3f}x their "
-                  f"typical time, the others {kind['other_told']:.3f}x; the others of "
-                  f"their kind would have run {kind['expected_from_kind']:.3f}x "
-                  f"(backlog over kind {kind['backlog_over_kind']:.3f}; "
-                  f"{kind['covered']:.0%} of the backlog's batches of a kind with "
-                  f">= {KIND_MIN_BATCHES} others)", flush=True)
+        print_by_kind(kind)
+    return report
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="+", help="bench_fidelity.py --save-runs pickles (gzipped): "
+                   "one, or several with --kind-only")
+    p.add_argument("--kind-only", action="store_true",
+                   help="only each set's backlog against the others of its kind "
+                        "(nothing simulated), per pickle")
+    p.add_argument("--out", default=None, help="also write the report as JSON")
+    args = p.parse_args()
+    if not args.kind_only:
+        if len(args.runs) > 1:
+            p.error("several pickles need --kind-only")
+        report = report_one(load_saved_runs(args.runs[0]))
+    else:
+        report = {}
+        for path in args.runs:
+            saved = load_saved_runs(path)
+            grid = Path(path).name.removesuffix(".pkl.gz")
+            report[grid] = {}
+            for name, runs in saved["runs"].items():
+                print(f"-- {grid}, {name}")
+                report[grid][name] = backlog_by_kind(kind_table(saved["service"], runs))
+                print_by_kind(report[grid][name])
     write_report(report, args.out)
 
 

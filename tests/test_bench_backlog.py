@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_backlog import (  # noqa: E402  (a script)
     backlog_by_kind,
     compare_backlogs,
+    in_backlog,
     kind_table,
     summarize,
 )
@@ -70,8 +71,8 @@ def test_the_kind_table_takes_each_rows_speed_out():
     table = kind_table(saved["service"], saved["runs"]["bursty"])
     np.testing.assert_allclose(table["told_ms"], table["typical_ms"], rtol=1e-9)
     assert 50 <= table["backlog"].sum() < len(table)
-    # A kind: max_batch_size / requests received / the generator's turns / idle time.
-    assert table["kind"].str.count("/").eq(3).all() and table["kind"].str.startswith("8/").all()
+    # A kind: max_batch_size / size / requests received / the generator's turns / idle time.
+    assert table["kind"].str.count("/").eq(4).all() and table["kind"].str.startswith("8/").all()
     kind = backlog_by_kind(table)
     assert kind["backlog_over_kind"] == pytest.approx(1.0, rel=1e-9)
     assert kind["backlog_told"] == pytest.approx(1.0, rel=1e-9)
@@ -80,27 +81,53 @@ def test_the_kind_table_takes_each_rows_speed_out():
 def test_a_backlog_of_slow_kinds_is_not_slow_for_its_kinds():
     import pandas as pd
 
-    def batches(kind, n, told_ms, backlog):
-        return pd.DataFrame({"kind": [kind] * n, "typical_ms": 1.0, "told_ms": told_ms,
-                             "backlog": backlog})
+    def batches(kind, n, typical_ms, ratio, backlog):
+        return pd.DataFrame({"kind": [kind] * n, "typical_ms": typical_ms,
+                             "told_ms": ratio * typical_ms, "backlog": backlog})
 
-    others = [batches("a", 40, 1.0, False), batches("b", 40, 1.2, False)]
-    table = pd.concat([*others, batches("a", 10, 1.0, True), batches("b", 30, 1.2, True)])
+    # Outside the backlog: kind a at 1.0x (40 batches of 1 ms), kind b at 1.2x (40 of
+    # 2 ms), kind r at 2.0x (10 batches of 1 ms: too few to stand for their kind).
+    others = [batches("a", 40, 1.0, 1.0, False), batches("b", 40, 2.0, 1.2, False),
+              batches("r", 10, 1.0, 2.0, False)]
+    other_told = (40 + 96 + 20) / (40 + 80 + 10)
+    table = pd.concat([*others, batches("a", 10, 1.0, 1.0, True),
+                       batches("b", 30, 2.0, 1.2, True)])
     kind = backlog_by_kind(table)
-    # Slower than the others (mostly of kind b), as fast as the others of its kinds.
-    assert kind["backlog_told"] == pytest.approx(46 / 40)
-    assert kind["other_told"] == pytest.approx(88 / 80)
-    assert kind["expected_from_kind"] == pytest.approx(46 / 40)
+    # Slower than the others (mostly of kind b), as fast as the others of its kinds:
+    # totals of time, each batch weighted by its typical time.
+    assert kind["backlog_told"] == pytest.approx((10 + 72) / 70)
+    assert kind["other_told"] == pytest.approx(other_told)
+    assert kind["expected_from_kind"] == pytest.approx((10 + 72) / 70)
     assert kind["backlog_over_kind"] == pytest.approx(1.0) and kind["covered"] == 1.0
-    # Its kind-a batches 10% slower, and five of a kind seen only in the backlog (read
-    # at the others' overall ratio).
-    table = pd.concat([*others, batches("a", 10, 1.1, True), batches("b", 30, 1.2, True),
-                       batches("c", 5, 2.0, True)])
+    # Its kind-a batches 10% slower, and five of kind r (read at the others' overall
+    # ratio, not at the 2.0x of the ten r outside it).
+    table = pd.concat([*others, batches("a", 10, 1.0, 1.1, True),
+                       batches("b", 30, 2.0, 1.2, True), batches("r", 5, 1.0, 3.0, True)])
     kind = backlog_by_kind(table)
-    assert kind["backlog_told"] == pytest.approx((11 + 36 + 10) / 45)
-    assert kind["expected_from_kind"] == pytest.approx((10 + 36 + 5 * 88 / 80) / 45)
+    assert kind["backlog_told"] == pytest.approx((11 + 72 + 15) / 75)
+    assert kind["expected_from_kind"] == pytest.approx((10 + 72 + 5 * other_told) / 75)
     assert kind["covered"] == pytest.approx(40 / 45)
     assert backlog_by_kind(pd.concat(others)) == {"backlog_batches": 0}
+
+
+def test_a_backlog_is_two_full_batches_waiting_before_the_last_arrival():
+    """Batches of up to 2 from one worker, by hand: waiting at each start is what
+    arrived by then (an arrival at the very instant included; rejected arrivals never
+    wait) less what earlier batches took."""
+    from batchsim.result import RunRecorder
+
+    arrival_s = np.array([0.0] * 4 + [0.5] * 5 + [1.0] * 5)
+    rec = RunRecorder(arrival_s, 1)
+    rec.reject(3)
+    starts = [([0, 1], 0.0), ([2], 0.1), ([4, 5], 0.5), ([6, 7], 0.6), ([8], 0.7),
+              ([9, 10], 1.0), ([11, 12], 1.1), ([13], 1.2)]
+    for ids, start_s in starts:
+        rec.dispatch(ids, start_s, start_s + 0.05, 0, bs.policy.SIZE)
+    res = rec.result()
+    # Waiting at the starts: 3 (four arrived, one rejected), 1, 5, 3, 1; then 5 at the
+    # last arrival, which is not a backlog (the generator has sent everything), 3, 1.
+    assert in_backlog(res, np.arange(8)).tolist() == [False, False, True] + [False] * 5
+    assert in_backlog(res, [2, 0]).tolist() == [True, False]
 
 
 def test_summary_takes_medians_and_correlates_the_errors():
@@ -132,3 +159,24 @@ def test_script_reads_a_pickle_and_writes_json(tmp_path):
     # The slow row's error is the largest: the simulator serves it fastest.
     errors = [r["err_service_rps"] for r in report["bursty"]["rows"]]
     assert errors.index(max(errors)) == 1
+
+
+def test_script_sets_several_pickles_backlogs_against_their_kinds(tmp_path):
+    paths = []
+    for name, speeds in (("slow", (1.1, 1.2)), ("fast", (0.9,))):
+        paths.append(tmp_path / f"{name}.pkl.gz")
+        paths[-1].write_bytes(gzip.compress(pickle.dumps(saved_runs(speeds))))
+    out = tmp_path / "kinds.json"
+
+    def bench(*args):
+        return subprocess.run([sys.executable, "bench/bench_backlog.py", *map(str, args)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    assert bench("--kind-only", *paths, "--out", out).returncode == 0
+    report = json.loads(out.read_text())
+    assert list(report) == ["slow", "fast"] and list(report["fast"]) == ["bursty"]
+    for grid in report.values():
+        assert grid["bursty"]["backlog_over_kind"] == pytest.approx(1.0, rel=1e-9)
+    refused = bench(*paths)
+    assert refused.returncode == 2 and "several pickles need --kind-only" in refused.stderr

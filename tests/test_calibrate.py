@@ -814,9 +814,11 @@ def test_compare_takes_runs_of_the_same_requests_only():
     of_schedule = one_request_batches([1.0, 2.5, 3.0], arrival_s + 0.002)
     of_schedule.meta["sent_s"] = arrival_s.copy()
     assert compare(real, of_schedule).error_ms[1] == pytest.approx(0.5)
-    other = one_request_batches([1.0, 2.0, 3.0], [0.0, 0.011, 0.02])
-    with pytest.raises(ValueError, match=r"sim must serve real's requests .* request 1 "
-                                         r"due at 0\.01 s in real and 0\.011 s in sim"):
+    other = one_request_batches([1.0, 2.0, 3.0], [0.001, 0.011, 0.022])
+    with pytest.raises(ValueError, match=r"sim must serve real's requests .*, got request 0 "
+                                         r"due at 0 s in real and 0\.001 s in sim; "
+                                         r"request 2 arrived at 0\.021 s in real and "
+                                         r"0\.022 s in sim"):
         compare(real, other)
 
 

@@ -969,6 +969,38 @@ def test_an_error_at_the_completion_event_fails_only_that_batch():
     assert all(isinstance(o, RuntimeError) and "completion event" in str(o) for o in outs[4:])
 
 
+class _CountingRecover(HostSteps):
+    """Host steps that count the recoveries after failed launches."""
+
+    def recover(self, slot, error):
+        self.recovered = getattr(self, "recovered", 0) + 1
+
+
+def test_every_failed_launch_lets_its_slot_recover_a_lone_request_too(pipeline):
+    """On CUDA a recovery waits for what the failed launch enqueued, which may still
+    read the staging buffer the next launch fills. A poisoned request in a batch of 4
+    fails 3 launches (4, then 2, then itself); alone, 1."""
+    steps = []
+
+    class Batcher(DynamicBatcher):
+        def _make_steps(self):
+            steps.append(_CountingRecover(self))
+            return steps[-1]
+
+    xs = inputs(4)
+    xs[0] = math.nan
+
+    async def main(policy, batch):
+        async with Batcher(Affine(), policy, pipeline=pipeline) as b:
+            return await asyncio.gather(*(b.submit(x) for x in batch),
+                                        return_exceptions=True)
+
+    outs = run(main(bs.BatchPolicy(4, math.inf), xs))
+    assert isinstance(outs[0], ArithmeticError) and steps[0].recovered == 3
+    outs = run(main(bs.BatchPolicy(1, 0.0), xs[:1]))
+    assert isinstance(outs[0], ArithmeticError) and steps[1].recovered == 1
+
+
 @pytest.mark.parametrize("drain", [True, False])
 def test_stress_every_future_resolves(drain, pipeline):
     """Random poison, cancellations and timeouts on two workers: nothing is left pending."""

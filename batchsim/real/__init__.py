@@ -14,9 +14,10 @@ from .loadgen import run_load, run_saturated
 from .models import InputSpec, make_model
 from .naive import InferenceBatcher, batch_inference
 from .profiler import profile_batcher, profile_model
+from .runners import OutputRowsError
 
 __all__ = [
     "DynamicBatcher", "QueueFullError", "BatcherClosedError", "InferenceBatcher",
     "batch_inference", "InputSpec", "make_model", "run_load", "run_saturated",
-    "profile_model", "profile_batcher",
+    "profile_model", "profile_batcher", "OutputRowsError",
 ]

@@ -140,8 +140,8 @@ class DynamicBatcher:
     buffer overwrites the rows handed out before). The batcher keeps a record of every
     request and batch (``result()``), some 70 bytes a request: serve one run with it,
     not a server's lifetime. Close it (``async with``, or ``await close()``): its
-    threads, and on CUDA its streams and buffers, last until it closes, even once
-    nothing else refers to it.
+    threads and staging buffers (on CUDA, its streams and device buffers too) last
+    until it closes, even once nothing else refers to it.
 
     Use it inside a running event loop, and submit on that loop (``submit_threadsafe``
     from other threads)::
