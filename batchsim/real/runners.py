@@ -32,7 +32,9 @@ bucket ``>= n`` -- the pad rows hold whatever the buffer held, are computed and 
 A model error (or a CUDA out-of-memory error) splits the batch in halves and retries
 each, down to single requests (``Runner._serve``), so that only the inputs that cause
 an error fail. An output without one row per input (``OutputRowsError``) is the
-model's fault, not an input's: it fails the whole batch at once.
+model's fault, not an input's: it fails the whole batch at once. (A model whose output
+rows depend on its inputs, dropping some, breaks the contract batching rests on, that
+rows are independent; halving the batch would only hide that.)
 """
 
 from __future__ import annotations
