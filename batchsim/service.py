@@ -187,14 +187,8 @@ class BatcherCosts:
     the worker's previous batch to this one's dispatch, release included (interpolated
     in the logarithm of that time, flat beyond its ends). On one CPU the step is steep:
     a tiny MLP's batch dispatched within 10 us of the previous one's end started at
-    once, one dispatched 15-20 us after it ran about 40 us longer. A load generator on
-    the loop (``simulate(..., sender="loop")``) that sends while a batch runs asks the
-    batcher for nothing, and the loop sleeps ``linger_ms`` after that turn (a request
-    falling due by then goes out in a turn of its own at once; a later one waits for the
-    loop's next wake-up, most often the batch's end); ``None``: a reaction, ``react_ms``,
-    as after a turn that asks for a decision. On one CPU the tiny models' calibration
-    runs lingered 4.2-4.8 us against reactions of 11-13 us
-    (``bench/results/README.md``). All zero: the ideal batcher.
+    once, one dispatched 15-20 us after it ran about 40 us longer. All zero: the ideal
+    batcher.
     """
 
     react_ms: float = 0.0
@@ -209,11 +203,10 @@ class BatcherCosts:
     release_spread_ms: tuple = ()
     release_sizes: tuple = ()
     release_table_ms: tuple = ()
-    linger_ms: float | None = None
 
     def __post_init__(self):
         for name in self.__dataclass_fields__:
-            if name not in _TABLES and not (name == "linger_ms" and self.linger_ms is None):
+            if name not in _TABLES:
                 object.__setattr__(self, name, _check.non_negative(name, getattr(self, name)))
         self._set_table("release_sizes", "release_table_ms")
         if self.release_sizes and (self.release_ms or self.release_per_item_ms):
@@ -246,11 +239,6 @@ class BatcherCosts:
     @property
     def react_s(self) -> float:
         return self.react_ms / 1000.0
-
-    @property
-    def linger_s(self) -> float:
-        """How long the loop stays awake after a sender's turn while a batch runs."""
-        return self.react_s if self.linger_ms is None else self.linger_ms / 1000.0
 
     def release_s(self, batch_size):
         """How long a worker stays busy after its batch of ``batch_size`` finished, on

@@ -9,11 +9,11 @@ import pytest
 from service_fakes import costly_service
 
 import batchsim as bs
-from batchsim.calibrate import SPAN_US
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_loop_turns import (  # noqa: E402  (a script)
+    SPAN_US,
     after_turns,
     analyze,
     chain_rounds,

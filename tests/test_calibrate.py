@@ -508,7 +508,7 @@ def test_a_refit_recovers_the_costs_that_simulated_runs_were_made_with(sender):
     per batch, per request, per arrival and for the first arrival, the release at each
     size of its table and the reaction, and finds no wake-up after idle; ``s(b)`` and
     the timer stay its own."""
-    svc = costly_service(idle_ms=(), wake_ms=(), linger_ms=0.005)
+    svc = costly_service(idle_ms=(), wake_ms=())
     costs = svc.costs
     runs = [bs.simulate(bs.Poisson(load * svc.capacity_rps(8)), bs.BatchPolicy(8, wait_ms),
                         svc, n_requests=1500, seed=k, sender=sender)
@@ -529,13 +529,6 @@ def test_a_refit_recovers_the_costs_that_simulated_runs_were_made_with(sender):
     assert c.wake_ms == pytest.approx([0.0] * len(c.wake_ms), abs=1e-9)
     assert c.release_spread_ms == pytest.approx([0.0] * len(c.release_spread_ms), abs=1e-9)
     assert fit.jitter_quantiles == pytest.approx([1.0] * len(fit.jitter_quantiles))
-    # The linger, from the sender's turns (midway between the nearest delays either side
-    # of the split); runs without a sender recorded no turns, and the engines then take
-    # a reaction.
-    if sender == "loop":
-        assert c.linger_ms == pytest.approx(costs.linger_ms, abs=0.001)
-    else:
-        assert c.linger_ms is None and c.linger_s == c.react_s
     with pytest.raises(ValueError, match="service must be a CalibratedService"):
         refit(svc.model, runs)
     with pytest.raises(ValueError, match="runs must be a non-empty list of RunResults"):
@@ -724,33 +717,6 @@ def test_a_sender_on_the_loop_serves_everyone_by_the_rule(workload, costs, max_b
         waiting >= max_b, got[np.minimum(heads + max_b - 1, got.size - 1)], np.inf),
         got[-1]) <= res.start_s
     assert on_time.all()
-
-
-@pytest.mark.parametrize("linger_ms, received_us", [
-    (0.005, [1, 101, 107, 113, 131]),
-    (None, [1, 101, 103, 111, 131]),
-])
-def test_the_loop_lingers_after_a_senders_turn_while_a_batch_runs(linger_ms, received_us):
-    """The first request starts a 1 ms batch. While it runs, a sender's turn asks the
-    batcher for nothing and the loop sleeps ``linger_ms`` after it: the request due at
-    100 us goes out at 101 (the timer wakes the loop on time, the sender's step takes a
-    reaction, 1 us); lingering 5 us, the loop is still awake when the ones due at 101.5
-    and 110 fall due, and sends each in a turn of its own (at 107 and 113); the one due
-    at 130 waits for the timer. Without a linger, a reaction: awake only until 102, the
-    loop sends 101.5 at 103 and sleeps before 110."""
-    svc = CalibratedService(bs.AffineService(1.0, 0.0),
-                            costs=BatcherCosts(react_ms=0.001, linger_ms=linger_ms))
-    due_s = np.array([0.0, 100.0, 101.5, 110.0, 130.0]) / 1e6
-    res = bs.simulate(bs.Trace(due_s), bs.BatchPolicy(8, 0.0), svc, sender="loop")
-    np.testing.assert_allclose(res.arrival_s * 1e6, received_us, atol=1e-6)
-    assert res.meta["turn_sizes"].tolist() == [1] * 5 and res.n_batches == 2
-
-
-def test_a_linger_is_a_non_negative_time_or_none():
-    assert BatcherCosts(react_ms=0.01).linger_s == pytest.approx(1e-5)
-    assert BatcherCosts(react_ms=0.01, linger_ms=0.004).linger_s == pytest.approx(4e-6)
-    with pytest.raises(ValueError, match="linger_ms must be .*, got -0.001"):
-        BatcherCosts(linger_ms=-0.001)
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -346,10 +346,7 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
     and decides; then, if a request is due, the generator resumes one step later, at
     ``t + react``, and sends every request due by then -- they reach the batcher at that
     instant -- and the decision it asks for comes ``react`` later still; then the loop
-    sleeps. While a batch runs those sends ask for no decision, and the loop sleeps
-    ``linger`` after them (``costs.linger_s``): a request due by then goes out in a turn
-    of its own, a later one waits for the next wake-up, most often the batch's release.
-    With ``react`` 0 the generator's step and the decision coincide, so what it
+    sleeps. With ``react`` 0 the generator's step and the decision coincide, so what it
     sends joins the decision, as the rule has a request arriving at a dispatch's instant
     (a limit reached with a jump: with any ``react`` above 0, requests that fell due while
     the loop slept miss the batch its timer fires; calibrations fit 10-20 us).
@@ -414,9 +411,7 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
                 released_s += stretch_s
             if sent == n:
                 close_s = t       # the generator closes the batcher after its last send
-            # Its sends ask for a decision only with the worker free; while a batch runs
-            # the loop lingers and sleeps.
-            t += costs.linger_s if released_s < math.inf and t < ends[-1] else react
+            t += react
             decide(t)
         sleep_s = t
     return received, log, ends
