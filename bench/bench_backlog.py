@@ -127,17 +127,17 @@ def kind_table(service, runs):
         t = batch_residuals(service, real)
         t["backlog"] = in_backlog(real, np.flatnonzero(_kept_batches(real)))
         t = t[~_stalled((t["worker_ms"] - t["typical_ms"]).to_numpy())]
-        parts = [str(run["policy"].max_batch_size), label_bins(t["size"], SIZE_EDGES),
-                 label_bins(t["received"], RECEIVED_EDGES), idle_bins(t["idle_ms"])]
+        bins = [label_bins(t["size"], SIZE_EDGES), label_bins(t["received"], RECEIVED_EDGES),
+                idle_bins(t["idle_ms"])]
         if t["turns"].notna().all():
-            parts.insert(3, label_bins(t["turns"], TURN_EDGES))
+            bins.insert(2, label_bins(t["turns"], TURN_EDGES))
+        kind = pd.Series(str(run["policy"].max_batch_size), index=t.index)
+        for part in bins:
+            kind = kind + "/" + pd.Series(part, index=t.index).astype(str)
         frames.append(pd.DataFrame({
             "typical_ms": t["typical_ms"],
             "told_ms": t["worker_ms"] / worker_time_ratio(service, real),
-            "backlog": t["backlog"],
-            "kind": ["/".join(map(str, k)) for k in zip(*(
-                [p] * len(t) if isinstance(p, str) else p.astype(str) for p in parts),
-                strict=True)]}))
+            "backlog": t["backlog"], "kind": kind}))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -154,9 +154,11 @@ def backlog_by_kind(table, min_batches: int = KIND_MIN_BATCHES) -> dict:
     backlog, other = table[table["backlog"]], table[~table["backlog"]]
     if backlog.empty or other.empty:
         return {"backlog_batches": len(backlog)}
-    cells = other.groupby("kind")[["told_ms", "typical_ms"]].sum()
-    counts = other["kind"].value_counts()
-    ratio = (cells["told_ms"] / cells["typical_ms"])[counts[cells.index] >= min_batches]
+    cells = other.groupby("kind").agg(told_ms=("told_ms", "sum"),
+                                      typical_ms=("typical_ms", "sum"),
+                                      batches=("told_ms", "size"))
+    cells = cells[cells["batches"] >= min_batches]
+    ratio = cells["told_ms"] / cells["typical_ms"]
     other_told = other["told_ms"].sum() / other["typical_ms"].sum()
     per_batch = backlog["kind"].map(ratio)
     expected = ((backlog["typical_ms"] * per_batch.fillna(other_told)).sum()
