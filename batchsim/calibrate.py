@@ -64,6 +64,8 @@ N_QUANTILES = 201
 #: Summary columns compared between a real run and a simulated one.
 METRICS = ("latency_ms_p50", "latency_ms_p95", "latency_ms_p99", "latency_ms_mean",
            "throughput_rps", "mean_batch_size")
+#: The latency percentiles among them, each with the share of requests at or under it.
+PERCENTILE_SHARES = {"latency_ms_p50": 0.50, "latency_ms_p95": 0.95, "latency_ms_p99": 0.99}
 
 
 # -- calibration ----------------------------------------------------------------------
@@ -707,10 +709,19 @@ def _timer(n: int, seed: int) -> tuple[float, float, dict]:
 class Comparison:
     """A real run and a simulated one over the same requests, side by side.
 
-    ``table``: one row per metric (``METRICS``) with ``real``, ``sim`` and ``rel_error``
-    (``sim / real - 1``). ``error_ms``: per request, simulated minus real latency (NaN
-    where either run did not complete it). ``error_quantiles_ms``: its 1st, 5th, 25th,
-    50th, 75th, 95th and 99th percentiles; ``abs_error_ms_median``, its typical size.
+    ``table``: one row per metric (``METRICS``) with ``real``, ``sim``, ``rel_error``
+    (``sim / real - 1``) and, for the latency percentiles, ``share_error``: the share of
+    the simulated requests at or under the real percentile, less the percentile's share
+    (0.5 for p50). The two read the latency distribution along either axis. Where a
+    percentile falls in a gap between two groups of latencies (a p50 between the
+    requests that filled a batch and those that waited for the timeout), a fraction of a
+    percent of requests moves it across the gap: ``rel_error`` can be 100% where
+    ``share_error`` says how few requests the runs disagree on; where many requests take
+    nearly the same time, a small ``rel_error`` can hide a large ``share_error``
+    (``bench/results/README.md``). NaN for the other metrics.
+    ``error_ms``: per request, simulated minus real latency (NaN where either run did
+    not complete it). ``error_quantiles_ms``: its 1st, 5th, 25th, 50th, 75th, 95th and
+    99th percentiles; ``abs_error_ms_median``, its typical size.
     """
 
     table: object
@@ -719,11 +730,14 @@ class Comparison:
     abs_error_ms_median: float
 
     def row(self) -> dict:
-        """A flat dict: ``real_X``, ``sim_X``, ``err_X`` per metric, and the request errors."""
+        """A flat dict: ``real_X``, ``sim_X``, ``err_X`` per metric, ``share_err_X`` per
+        latency percentile, and the request errors."""
         out = {}
         for metric, r in self.table.iterrows():
             out[f"real_{metric}"], out[f"sim_{metric}"] = r["real"], r["sim"]
             out[f"err_{metric}"] = r["rel_error"]
+            if metric in PERCENTILE_SHARES:
+                out[f"share_err_{metric}"] = r["share_error"]
         out.update({f"req_err_ms_p{q}": v for q, v in self.error_quantiles_ms.items()})
         out["req_abs_err_ms_median"] = self.abs_error_ms_median
         return out
@@ -752,6 +766,9 @@ def compare(real: RunResult, sim: RunResult, warmup_frac: float = 0.0) -> Compar
                          index=list(METRICS))
     table["rel_error"] = table["sim"] / table["real"] - 1.0
     first = int(_check.non_negative("warmup_frac", warmup_frac) * real.n_requests)
+    sim_ms = 1e3 * sim.latency_s[first:][sim.status[first:] == COMPLETED]
+    table["share_error"] = [_share_error(sim_ms, a[m], PERCENTILE_SHARES[m])
+                            if m in PERCENTILE_SHARES else math.nan for m in METRICS]
     both = (real.status == COMPLETED) & (sim.status == COMPLETED)
     error_ms = np.where(both, 1e3 * (sim.latency_s - real.latency_s), np.nan)
     kept = error_ms[first:][both[first:]]
@@ -760,6 +777,15 @@ def compare(real: RunResult, sim: RunResult, warmup_frac: float = 0.0) -> Compar
                  else dict.fromkeys(qs, math.nan))
     median_abs = float(np.median(np.abs(kept))) if kept.size else math.nan
     return Comparison(table, error_ms, quantiles, median_abs)
+
+
+def _share_error(sim_ms: np.ndarray, real_at_ms: float, share: float) -> float:
+    """The share of ``sim_ms`` at or under ``real_at_ms`` (the real run's percentile
+    with ``share`` of its requests at or under it), less ``share``; NaN where either run
+    has no latency to compare."""
+    if not sim_ms.size or math.isnan(real_at_ms):
+        return math.nan
+    return float(np.mean(sim_ms <= real_at_ms)) - share
 
 
 def _sending_due_s(res: RunResult) -> np.ndarray:

@@ -465,9 +465,9 @@ def _validate(args, thread_cpus=None) -> int:
     if args.plot:
         fid.plot_fidelity(df).savefig(args.plot, dpi=110)
     shown = ["max_batch_size", "max_wait_ms", "load", "rate_rps", "real_latency_ms_p50",
-             "err_latency_ms_p50", "real_latency_ms_p99", "err_latency_ms_p99",
-             "err_latency_ms_mean", "err_throughput_rps", "err_mean_batch_size",
-             "harness_behind"]
+             "err_latency_ms_p50", "share_err_latency_ms_p50", "real_latency_ms_p99",
+             "err_latency_ms_p99", "err_latency_ms_mean", "err_throughput_rps",
+             "err_mean_batch_size", "harness_behind"]
     print(df[shown].to_string(index=False, float_format="{:.3g}".format))
     summary = fid.fidelity_summary(df)
     headline = ("latency_ms_p50", "latency_ms_p99", "throughput_rps")

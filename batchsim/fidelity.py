@@ -292,7 +292,9 @@ def fidelity_summary(df) -> dict:
     prediction is from the first's, relative to the first's. ``median_abs_at_speed_*``:
     the simulator told each row's speed (``speed_err_*``); with ``worker_time_ratio``, its
     5th and 95th percentiles over the rows; ``median_abs_tracked_*``, at the speed of the
-    runs before each row (``tracked_err_*``, ``speed_history``). With ``speed_ratio``
+    runs before each row (``tracked_err_*``, ``speed_history``);
+    ``median_abs_share_latency_ms_p*``, of the latency percentiles' ``share_error``
+    (``batchsim.calibrate.Comparison``). With ``speed_ratio``
     (``probe_speed``): its 5th and 95th percentiles over the rows, and the correlation
     of each row's p50 error with it (``speed_corr_err_latency_ms_p50``)."""
     out = {"configurations": len(df)}
@@ -307,7 +309,8 @@ def fidelity_summary(df) -> dict:
                                                 if len(kept) else math.nan)
         for prefix, name in (("floor_err", "floor"), ("base_err", "base"),
                              ("rec_err", "recorded"), ("recal_err", "recalibrated"),
-                             ("speed_err", "at_speed"), ("tracked_err", "tracked")):
+                             ("speed_err", "at_speed"), ("tracked_err", "tracked"),
+                             ("share_err", "share")):
             if f"{prefix}_{metric}" in df:
                 out[f"median_abs_{name}_{metric}"] = float(df[f"{prefix}_{metric}"].abs()
                                                            .median())

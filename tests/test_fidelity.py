@@ -333,6 +333,7 @@ def test_fidelity_summary_counts_rows_where_the_harness_fell_behind_and_sets_the
                                                "throughput_rps", "mean_batch_size")})
         row["recal_err_latency_ms_p50"] = -0.01 * (k + 1)   # another calibration
         row["speed_err_latency_ms_p50"] = 0.5 * p50          # told the row's speed
+        row["share_err_latency_ms_p50"] = -0.01 * k          # the share under the real p50
         row["worker_time_ratio"] = 1.0 + 0.1 * k
         rows.append(row)
     out = fidelity_summary(pd.DataFrame(rows))
@@ -347,6 +348,7 @@ def test_fidelity_summary_counts_rows_where_the_harness_fell_behind_and_sets_the
     assert out["median_abs_kept_latency_ms_p99"] == pytest.approx(0.2)
     assert out["worst"]["err_latency_ms_p99"] == 2.0
     assert out["median_abs_at_speed_latency_ms_p50"] == pytest.approx(0.025)
+    assert out["median_abs_share_latency_ms_p50"] == pytest.approx(0.015)
     assert out["worker_time_ratio_p5"] == pytest.approx(1.0 + 0.3 * 0.05)
     assert out["worker_time_ratio_p95"] == pytest.approx(1.0 + 0.3 * 0.95)
 
