@@ -64,8 +64,8 @@ N_QUANTILES = 201
 #: Summary columns compared between a real run and a simulated one.
 METRICS = ("latency_ms_p50", "latency_ms_p95", "latency_ms_p99", "latency_ms_mean",
            "throughput_rps", "mean_batch_size")
-#: The latency percentiles among them, each with the share of requests at or under it.
-PERCENTILE_SHARES = {"latency_ms_p50": 0.50, "latency_ms_p95": 0.95, "latency_ms_p99": 0.99}
+#: The latency percentiles among them (``compare`` gives their ``share_error`` too).
+LATENCY_PERCENTILES = ("latency_ms_p50", "latency_ms_p95", "latency_ms_p99")
 
 
 # -- calibration ----------------------------------------------------------------------
@@ -710,15 +710,19 @@ class Comparison:
     """A real run and a simulated one over the same requests, side by side.
 
     ``table``: one row per metric (``METRICS``) with ``real``, ``sim``, ``rel_error``
-    (``sim / real - 1``) and, for the latency percentiles, ``share_error``: the share of
-    the simulated requests at or under the real percentile, less the percentile's share
-    (0.5 for p50). The two read the latency distribution along either axis. Where a
-    percentile falls in a gap between two groups of latencies (a p50 between the
-    requests that filled a batch and those that waited for the timeout), a fraction of a
-    percent of requests moves it across the gap: ``rel_error`` can be 100% where
-    ``share_error`` says how few requests the runs disagree on; where many requests take
-    nearly the same time, a small ``rel_error`` can hide a large ``share_error``
-    (``bench/results/README.md``). NaN for the other metrics.
+    (``sim / real - 1``) and, for the latency percentiles (``LATENCY_PERCENTILES``),
+    ``share_error``: the share of the simulated requests at or under the real
+    percentile, less the real run's own share there (about the percentile's: a half at
+    p50), both over the requests ``summary`` keeps (completed, after the warm-up). A
+    fraction of the requests, not a relative error: -0.01, one request in a hundred fewer
+    at or under it, the simulation slower there. The two read the latency distributions'
+    difference along either axis. Where a percentile falls in a gap between two groups
+    of latencies (a p50 between the requests that filled a batch and those that waited
+    for the timeout), a fraction of a percent of requests moves it across the gap:
+    ``rel_error`` can be 100% where ``share_error`` says how few requests the runs
+    disagree on; where many requests take nearly the same time, a small ``rel_error``
+    can hide a large ``share_error`` (``bench/results/README.md``). NaN for the other
+    metrics.
     ``error_ms``: per request, simulated minus real latency (NaN where either run did
     not complete it). ``error_quantiles_ms``: its 1st, 5th, 25th, 50th, 75th, 95th and
     99th percentiles; ``abs_error_ms_median``, its typical size.
@@ -731,12 +735,12 @@ class Comparison:
 
     def row(self) -> dict:
         """A flat dict: ``real_X``, ``sim_X``, ``err_X`` per metric, ``share_err_X`` per
-        latency percentile, and the request errors."""
+        latency percentile (``share_error``), and the request errors."""
         out = {}
         for metric, r in self.table.iterrows():
             out[f"real_{metric}"], out[f"sim_{metric}"] = r["real"], r["sim"]
             out[f"err_{metric}"] = r["rel_error"]
-            if metric in PERCENTILE_SHARES:
+            if metric in LATENCY_PERCENTILES:
                 out[f"share_err_{metric}"] = r["share_error"]
         out.update({f"req_err_ms_p{q}": v for q, v in self.error_quantiles_ms.items()})
         out["req_abs_err_ms_median"] = self.abs_error_ms_median
@@ -766,9 +770,10 @@ def compare(real: RunResult, sim: RunResult, warmup_frac: float = 0.0) -> Compar
                          index=list(METRICS))
     table["rel_error"] = table["sim"] / table["real"] - 1.0
     first = int(_check.non_negative("warmup_frac", warmup_frac) * real.n_requests)
-    sim_ms = 1e3 * sim.latency_s[first:][sim.status[first:] == COMPLETED]
-    table["share_error"] = [_share_error(sim_ms, a[m], PERCENTILE_SHARES[m])
-                            if m in PERCENTILE_SHARES else math.nan for m in METRICS]
+    real_ms, sim_ms = (1e3 * r.latency_s[first:][r.status[first:] == COMPLETED]
+                       for r in (real, sim))
+    table["share_error"] = [_share_error(real_ms, sim_ms, a[m])
+                            if m in LATENCY_PERCENTILES else math.nan for m in METRICS]
     both = (real.status == COMPLETED) & (sim.status == COMPLETED)
     error_ms = np.where(both, 1e3 * (sim.latency_s - real.latency_s), np.nan)
     kept = error_ms[first:][both[first:]]
@@ -779,13 +784,12 @@ def compare(real: RunResult, sim: RunResult, warmup_frac: float = 0.0) -> Compar
     return Comparison(table, error_ms, quantiles, median_abs)
 
 
-def _share_error(sim_ms: np.ndarray, real_at_ms: float, share: float) -> float:
-    """The share of ``sim_ms`` at or under ``real_at_ms`` (the real run's percentile
-    with ``share`` of its requests at or under it), less ``share``; NaN where either run
-    has no latency to compare."""
-    if not sim_ms.size or math.isnan(real_at_ms):
+def _share_error(real_ms: np.ndarray, sim_ms: np.ndarray, at_ms: float) -> float:
+    """The share of ``sim_ms`` at or under ``at_ms`` less the share of ``real_ms``; NaN
+    where either run has no latency to compare."""
+    if not (real_ms.size and sim_ms.size) or math.isnan(at_ms):
         return math.nan
-    return float(np.mean(sim_ms <= real_at_ms)) - share
+    return float(np.mean(sim_ms <= at_ms) - np.mean(real_ms <= at_ms))
 
 
 def _sending_due_s(res: RunResult) -> np.ndarray:

@@ -294,7 +294,8 @@ def fidelity_summary(df) -> dict:
     5th and 95th percentiles over the rows; ``median_abs_tracked_*``, at the speed of the
     runs before each row (``tracked_err_*``, ``speed_history``);
     ``median_abs_share_latency_ms_p*``, of the latency percentiles' ``share_error``
-    (``batchsim.calibrate.Comparison``). With ``speed_ratio``
+    (``batchsim.calibrate.Comparison``: a difference of shares of requests, not a
+    relative error). With ``speed_ratio``
     (``probe_speed``): its 5th and 95th percentiles over the rows, and the correlation
     of each row's p50 error with it (``speed_corr_err_latency_ms_p50``)."""
     out = {"configurations": len(df)}
