@@ -204,7 +204,9 @@ def _fitted(s_b: ServiceModel, measured: list, timer: BatcherCosts,
         kept = _within(deviation_ms) | (deviation_ms < np.median(deviation_ms))
         spread_ms = tuple(np.quantile(deviation_ms[kept], np.linspace(0, 1, N_QUANTILES)))
     worker = _worker_fit(measured, s_b)
-    costs = BatcherCosts(react_ms, timer_resolution_ms=timer.timer_resolution_ms,
+    costs = BatcherCosts(react_ms, linger_ms=_linger_ms(measured, timer.timer_resolution_ms),
+                         **_turn_times(measured, react_ms),
+                         timer_resolution_ms=timer.timer_resolution_ms,
                          timer_latency_ms=timer.timer_latency_ms,
                          arrival_ms=worker["arrival_ms"], idle_ms=worker["idle_ms"],
                          wake_ms=worker["wake_ms"],
@@ -568,7 +570,10 @@ def _releases(runs, react_ms: float | None = None) -> tuple[np.ndarray, np.ndarr
     request reached the batcher after the batch's end and within ``react_ms`` of the
     next one's start (a nanosecond more, for rounding). Every engine's load generator
     on the loop takes a release in so; the fitted release is the loop's own, asleep.
-    On one CPU the real loop did so after 0-1.2% of them (the tiny models).
+    On one CPU the real loop did so after 0-1.2% of them (the tiny models). Not told
+    apart: a loop still awake after a turn when the batch ended, which dispatched at
+    once and sent only after the dispatch's hold (``BatcherCosts.hold_ms``): its next
+    send comes as late after the start as when the batch's end woke the loop.
     """
     sizes, gaps = [], []
     for res in runs:
@@ -602,6 +607,108 @@ def _heads(res: RunResult) -> np.ndarray:
     ids = res.batch_id[served]
     first = np.r_[True, ids[1:] != ids[:-1]]
     return served[first]
+
+
+#: How far past a load generator's turn (us) ``_after_turns`` looks for the next
+#: request's due instant: several lingers, a tenth of the loop's millisecond timer grid.
+SPAN_US = 100.0
+
+
+#: ``_linger_ms`` fits a linger only from at least this many turns on either side of it
+#: (requests sent without a sleep, and after one).
+LINGER_MIN_TURNS = 10
+
+
+def _linger_ms(runs, timer_resolution_ms: float) -> float | None:
+    """How long the event loop stayed awake after a load generator's turn sent while a
+    batch ran, before it slept (``BatcherCosts.linger_ms``): the delay from the turn's
+    last send to the next request's due instant that best splits the requests sent
+    without a sleep from those sent after one (``_linger_split_s``), over the runs that
+    recorded their turns (``run_load``'s ``meta["turn_sizes"]``). A sleep shows only
+    where the timer rounds it up past the delays looked at (``SPAN_US``: asyncio's epoll
+    selector rounds to whole milliseconds). None where it does not, where no run
+    recorded its turns or where fewer than ``LINGER_MIN_TURNS`` fall on either side:
+    the engines then take a reaction."""
+    if 1e3 * timer_resolution_ms <= SPAN_US:
+        return None
+    split = [_after_turns(r, np.r_[0, np.cumsum(r.meta["turn_sizes"])[:-1]],
+                          timer_resolution_ms)[:2]
+             for r in runs if "turn_sizes" in r.meta and len(r.meta["turn_sizes"])]
+    if not split:
+        return None
+    delays_s, awake = (np.concatenate(v) for v in zip(*split, strict=True))
+    if min(awake.sum(), (~awake).sum()) < LINGER_MIN_TURNS:
+        return None
+    return 1e3 * _linger_split_s(delays_s, awake)
+
+
+def _turn_times(runs, react_ms: float) -> dict:
+    """``BatcherCosts``'s ``send_ms``, the median time between two requests of one turn
+    of a load generator (``run_load``'s ``meta["turn_sizes"]``), and ``hold_ms`` and
+    ``hold_per_item_ms``, a line in the batch's size (non-negative, ``_nonnegative_fit``)
+    through the delay from a dispatch to the first send of the turn right after it (a
+    request already due at the dispatch, sent before the batch ended), less
+    ``react_ms``: on one CPU that turn came 16-22 us after the tiny MLP's dispatches,
+    against a reaction of 12 us, later for a larger batch (``bench/results/README.md``).
+    Empty where no run recorded its turns (the defaults, zeros, stand); no hold from
+    fewer than ten such turns."""
+    spacing, sizes, delays = [], [], []
+    for res in runs:
+        if "turn_sizes" not in res.meta or not len(res.meta["turn_sizes"]):
+            continue
+        turns = res.meta["turn_sizes"]
+        first = np.r_[0, np.cumsum(turns)[:-1]]
+        a, due = res.arrival_s, _sending_due_s(res)
+        inside = np.repeat(np.arange(len(turns)), turns)
+        gaps = np.diff(a)
+        spacing.append(gaps[inside[1:] == inside[:-1]])
+        k = np.searchsorted(a[first], res.start_s, "left")   # the first turn after each start
+        ok = k < len(first)
+        nxt = first[k[ok]]
+        start, end, b = res.start_s[ok], res.end_s[ok], res.size[ok]
+        after = (due[nxt] <= start) & (a[nxt] < end)
+        sizes.append(b[after])
+        delays.append(1e3 * (a[nxt] - start)[after] - react_ms)
+    if not spacing:
+        return {}
+    spacing, sizes, delays = (np.concatenate(v) for v in (spacing, sizes, delays))
+    out = {"send_ms": 1e3 * float(np.median(spacing)) if spacing.size else 0.0}
+    if delays.size >= 10:
+        out["hold_ms"], out["hold_per_item_ms"] = _nonnegative_fit(sizes, delays)
+    return out
+
+
+def _after_turns(res: RunResult, first: np.ndarray, timer_resolution_ms: float):
+    """For each turn (``first``: the index of each turn's first request) sent while a
+    batch ran whose next request fell due within ``SPAN_US`` of its last send, with the
+    batch running on ``SPAN_US`` beyond: that delay (s), whether the request was sent
+    without a sleep (before the batch's end and before a sleep of one timer resolution
+    could end) and its lateness (s)."""
+    a, due = res.arrival_s, _sending_due_s(res)
+    last_s, next_due_s, next_s = a[first[1:] - 1], due[first[1:]], a[first[1:]]
+    k = np.searchsorted(res.start_s, last_s, "right") - 1
+    end_s = res.end_s[np.maximum(k, 0)]
+    delay_s = next_due_s - last_s
+    span_s = SPAN_US / 1e6
+    kept = ((k >= 0) & (last_s < end_s) & (delay_s > 0) & (delay_s <= span_s)
+            & (end_s > next_due_s + span_s))
+    awake = next_s < np.minimum(end_s, last_s + timer_resolution_ms / 1e3)
+    return delay_s[kept], awake[kept], (next_s - next_due_s)[kept]
+
+
+def _linger_split_s(delays_s: np.ndarray, awake: np.ndarray) -> float:
+    """The delay that splits the requests sent awake from those sent after a sleep with
+    the fewest on the wrong side, midway between the delays either side (NaN: none)."""
+    if not delays_s.size:
+        return float("nan")
+    order = np.argsort(delays_s)
+    delays_s, awake = delays_s[order], awake[order]
+    # Split after the first i: the asleep among them and the awake beyond are wrong.
+    wrong = np.r_[0, np.cumsum(~awake)] + awake.sum() - np.r_[0, np.cumsum(awake)]
+    i = int(np.argmin(wrong))
+    below = delays_s[i - 1] if i else 0.0
+    above = delays_s[i] if i < delays_s.size else delays_s[-1]
+    return 0.5 * (below + above)
 
 
 def _react_ms(runs, release: BatcherCosts) -> float:

@@ -187,8 +187,20 @@ class BatcherCosts:
     the worker's previous batch to this one's dispatch, release included (interpolated
     in the logarithm of that time, flat beyond its ends). On one CPU the step is steep:
     a tiny MLP's batch dispatched within 10 us of the previous one's end started at
-    once, one dispatched 15-20 us after it ran about 40 us longer. All zero: the ideal
-    batcher.
+    once, one dispatched 15-20 us after it ran about 40 us longer. A turn of a load
+    generator on the loop (``simulate(..., sender="loop")``) asks the batcher for a
+    decision only when the worker is free and the queue was empty or the turn fills it;
+    after any other turn, most often one while a batch runs, the loop sleeps
+    ``linger_ms`` after it (a request falling due by then goes out in a turn of its own
+    without a sleep; a later one waits for the loop's next wake-up, most often the
+    batch's end); ``None``: a reaction, ``react_ms``, as after a turn that asks for a
+    decision. A turn sends its requests one after another, ``send_ms`` apart (the
+    loop's work for each), each as it falls due by then; and a dispatch of ``b`` holds
+    the loop ``hold_ms + hold_per_item_ms * b`` before its next step (the worker's thread
+    takes the interpreter to gather its batch). On one CPU, over 27 grids' calibrations
+    of the tiny models, the loop lingered 3.8-5.0 us (reactions: 10.3-16.4 us), sent a
+    request every 0.70-1.19 us and was held 2.9-9.4 us plus 0-0.29 us per request after
+    a dispatch (``bench/results/turns_paired_cpu.json``). All zero: the ideal batcher.
     """
 
     react_ms: float = 0.0
@@ -203,10 +215,14 @@ class BatcherCosts:
     release_spread_ms: tuple = ()
     release_sizes: tuple = ()
     release_table_ms: tuple = ()
+    linger_ms: float | None = None
+    send_ms: float = 0.0
+    hold_ms: float = 0.0
+    hold_per_item_ms: float = 0.0
 
     def __post_init__(self):
         for name in self.__dataclass_fields__:
-            if name not in _TABLES:
+            if name not in _TABLES and not (name == "linger_ms" and self.linger_ms is None):
                 object.__setattr__(self, name, _check.non_negative(name, getattr(self, name)))
         self._set_table("release_sizes", "release_table_ms")
         if self.release_sizes and (self.release_ms or self.release_per_item_ms):
@@ -239,6 +255,16 @@ class BatcherCosts:
     @property
     def react_s(self) -> float:
         return self.react_ms / 1000.0
+
+    def hold_s(self, batch_size: int) -> float:
+        """How long a dispatch of ``batch_size`` holds the loop before its next step (the
+        worker's thread gathers the batch holding the interpreter)."""
+        return (self.hold_ms + self.hold_per_item_ms * batch_size) / 1000.0
+
+    @property
+    def linger_s(self) -> float:
+        """How long the loop stays awake after a sender's turn while a batch runs."""
+        return self.react_s if self.linger_ms is None else self.linger_ms / 1000.0
 
     def release_s(self, batch_size):
         """How long a worker stays busy after its batch of ``batch_size`` finished, on

@@ -42,64 +42,26 @@ from __future__ import annotations
 import numpy as np
 from bench_fidelity import saved_runs_main
 
+from batchsim.calibrate import _after_turns as after_turns
+from batchsim.calibrate import _linger_split_s as linger_split_s
+from batchsim.calibrate import _sending_due_s as due_s
 from batchsim.fidelity import simulate_schedule
 
 #: ``run_load``'s default: the most requests it sends in one turn.
 MAX_BURST = 64
-#: How far past a turn (us) the next request's due instant is looked at: several
-#: lingers, a tenth of the loop's millisecond timer grid.
-SPAN_US = 100.0
 
 
 def turn_starts(res) -> np.ndarray:
     """Index of the first request of each of the load generator's turns."""
     if "turn_sizes" in res.meta:
         return np.r_[0, np.cumsum(res.meta["turn_sizes"])[:-1]]
-    due_s = res.meta["scheduled_s"]
-    runs = np.flatnonzero(np.r_[True, due_s[1:] > res.arrival_s[:-1]])
+    scheduled_s = res.meta["scheduled_s"]
+    runs = np.flatnonzero(np.r_[True, scheduled_s[1:] > res.arrival_s[:-1]])
     # A run of requests each due before the send before it is one turn per max_burst.
-    lengths = np.diff(np.r_[runs, due_s.size])
+    lengths = np.diff(np.r_[runs, scheduled_s.size])
     chunks = -(-lengths // MAX_BURST)
     return np.repeat(runs, chunks) + MAX_BURST * (np.arange(chunks.sum())
                                                    - np.repeat(np.cumsum(chunks) - chunks, chunks))
-
-
-def due_s(res) -> np.ndarray:
-    """When each request was due to be sent (real: ``scheduled_s``; simulated: ``sent_s``)."""
-    return res.meta["scheduled_s"] if "scheduled_s" in res.meta else res.meta["sent_s"]
-
-
-def after_turns(res, first: np.ndarray, timer_resolution_ms: float):
-    """For each turn (``first``: ``turn_starts(res)``) sent while a batch ran whose next
-    request fell due within ``SPAN_US`` of its last send, with the batch running on
-    ``SPAN_US`` beyond: that delay (s), whether the request was sent without a sleep
-    (before the batch's end and before a sleep of one timer resolution could end) and its
-    lateness (s)."""
-    a, due = res.arrival_s, due_s(res)
-    last_s, next_due_s, next_s = a[first[1:] - 1], due[first[1:]], a[first[1:]]
-    k = np.searchsorted(res.start_s, last_s, "right") - 1
-    end_s = res.end_s[np.maximum(k, 0)]
-    delay_s = next_due_s - last_s
-    span_s = SPAN_US / 1e6
-    kept = ((k >= 0) & (last_s < end_s) & (delay_s > 0) & (delay_s <= span_s)
-            & (end_s > next_due_s + span_s))
-    awake = next_s < np.minimum(end_s, last_s + timer_resolution_ms / 1e3)
-    return delay_s[kept], awake[kept], (next_s - next_due_s)[kept]
-
-
-def linger_s(delays_s: np.ndarray, awake: np.ndarray) -> float:
-    """The delay that splits the requests sent awake from those sent after a sleep with
-    the fewest on the wrong side, midway between the delays either side (NaN: none)."""
-    if not delays_s.size:
-        return float("nan")
-    order = np.argsort(delays_s)
-    delays_s, awake = delays_s[order], awake[order]
-    # Split after the first i: the asleep among them and the awake beyond are wrong.
-    wrong = np.r_[0, np.cumsum(~awake)] + awake.sum() - np.r_[0, np.cumsum(awake)]
-    i = int(np.argmin(wrong))
-    below = delays_s[i - 1] if i else 0.0
-    above = delays_s[i] if i < delays_s.size else delays_s[-1]
-    return 0.5 * (below + above)
 
 
 def chain_rounds(res, first: np.ndarray):
@@ -135,10 +97,10 @@ def turn_report(runs, timer_resolution_ms: float) -> dict:
         got = hi > lo
         turns += int(np.sum(turn_of[hi[got] - 1] - turn_of[lo[got]] + 1))
         received += int(got.sum())
-    sent_awake = late[awake & (delays <= linger_s(delays, awake))]
+    sent_awake = late[awake & (delays <= linger_split_s(delays, awake))]
     rounds_s, ended = (np.concatenate(v) for v in zip(*map(chain_rounds, runs, firsts),
                                                        strict=True))
-    return {"linger_us": 1e6 * linger_s(delays, awake),
+    return {"linger_us": 1e6 * linger_split_s(delays, awake),
             "awake_late_us": median_us(sent_awake),
             "capped_share": float(sizes[sizes >= MAX_BURST].sum() / sizes.sum()),
             "between_share": between / sum(r.arrival_s.size for r in runs),

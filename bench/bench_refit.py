@@ -45,10 +45,12 @@ def summarize(errors: dict) -> dict:
 
 
 def costs_of(service) -> dict:
-    """The worker's fitted costs (ms): per batch, per request, per arrival, the first's."""
+    """The worker's fitted costs (ms): per batch, per request, per arrival, the first's;
+    and the loop's linger after a sender's turn (a reaction where none was fitted)."""
     return {"per_batch_ms": service.per_batch_ms, "per_item_ms": service.per_item_ms,
             "arrival_ms": service.costs.arrival_ms,
-            "first_arrival_ms": getattr(service.costs, "first_arrival_ms", 0.0)}
+            "first_arrival_ms": getattr(service.costs, "first_arrival_ms", 0.0),
+            "linger_ms": 1e3 * service.costs.linger_s}
 
 
 def compare_fits(saved: dict) -> dict:

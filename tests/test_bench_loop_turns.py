@@ -9,15 +9,15 @@ import pytest
 from service_fakes import costly_service
 
 import batchsim as bs
+from batchsim.calibrate import SPAN_US
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_loop_turns import (  # noqa: E402  (a script)
-    SPAN_US,
     after_turns,
     analyze,
     chain_rounds,
-    linger_s,
+    linger_split_s,
     turn_report,
     turn_starts,
 )
@@ -46,7 +46,7 @@ def test_the_simulated_loop_lingers_one_reaction_after_a_turn():
         strict=True))
     assert awake.sum() > 50 and (~awake).sum() > 50
     assert delays[awake].max() <= react_s < delays[~awake].min()
-    assert delays[awake].max() <= linger_s(delays, awake) <= delays[~awake].min()
+    assert delays[awake].max() <= linger_split_s(delays, awake) <= delays[~awake].min()
     np.testing.assert_allclose(late[awake], 2 * react_s - delays[awake], rtol=0, atol=1e-12)
     assert (late[~awake] > SPAN_US / 1e6).all()      # the batch ran on that long
 

@@ -54,12 +54,15 @@ def test_the_refit_finds_the_costs_and_predicts_its_own_runs_exactly():
                                                          rel=1e-9)
     assert report["costs"]["saved"]["first_arrival_ms"] == 0.0
     poisson = report["poisson"]
-    # The refit is the batcher the rows were made with, to rounding: a row's simulation
-    # is its run, unless a comparison on a near-tie falls the other way by 1e-15 and
-    # sends some requests to other batches from there on (one row of these four, by
-    # 0.3% at p50 and 1.7% at p99). So the rows' median error is exactly nil.
+    # The refit is the batcher the rows were made with, but for its linger after a
+    # sender's turn (the truth's is a reaction, 20 us): that comes from the 330 turns
+    # of the calibration runs, midway between the delays either side of the split
+    # (19.8 and 20.4 us), and a request of a row falling due in between changes turn
+    # and batch (two rows of these four, by 0.05% and 0.6% at p50, 1.7% at p99). So
+    # the rows' median error is under 0.1%; 1e-15 before the linger was fitted.
+    assert refitted["linger_ms"] == pytest.approx(truth.costs.react_ms, abs=0.0003)
     for metric, errors in poisson["refitted"]["rows"].items():
-        assert np.median(np.abs(errors)) == pytest.approx(0, abs=1e-12), metric
+        assert np.median(np.abs(errors)) < 1e-3, metric
     # Without the worker's costs the saved calibration predicts the rows too fast (all
     # but one whose p50 is mostly the wait for the timer: 14-40% at p50).
     assert sum(e < -0.1 for e in poisson["saved"]["rows"]["latency_ms_p50"]) == 3

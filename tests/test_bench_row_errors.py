@@ -10,11 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from service_fakes import costly_service
 from test_bench_refit import saved_runs
 
 import batchsim as bs
-from batchsim.calibrate import at_speed
+from batchsim.calibrate import at_speed, refit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -29,20 +28,24 @@ def poisson_saved_runs() -> dict:
     return saved
 
 
-def test_rows_made_by_the_batcher_the_refit_finds_come_out_exact():
-    """The "real" rows were simulated with every cost the refit gets back: the median row's
-    errors are nil (a near-tie may send one row's requests to other batches)."""
+def test_rows_made_by_the_batcher_the_refit_finds_come_out_close():
+    """The "real" rows were simulated with every cost the refit gets back, the loop's
+    linger to within the gap between the delays either side of it: the median row's
+    errors are under 0.1% (nil before the linger was fitted; a request falling due in
+    that gap changes turn and batch, ``test_bench_refit``)."""
     errors = np.array(row_errors(poisson_saved_runs())["poisson"])
     assert errors.shape == (4, 2)
-    assert np.median(np.abs(errors), axis=0) == pytest.approx([0, 0], abs=1e-12)
+    assert (np.median(np.abs(errors), axis=0) < 1e-3).all()
 
 
 def test_rows_that_ran_at_other_speeds_come_out_exact_when_told_their_speed():
     """The same rows simulated 20% slower, 10% faster, ...: as they are, the median row
     is off by more than a tenth (a row at 30% load that waits for its batches to fill
-    hardly moves); each told the speed its batches ran, the median row is exact."""
+    hardly moves); each told the speed its batches ran, the median row is exact. The
+    rows are made by the batcher the refit finds (its linger comes from the turns' split,
+    not exactly the reaction ``costly_service`` lingers)."""
     saved = poisson_saved_runs()
-    truth = costly_service(idle_ms=(), wake_ms=())
+    truth = refit(saved["service"], saved["calibration_runs"])
     for row, speed in zip(saved["runs"]["poisson"], (1.2, 0.9, 1.1, 0.8), strict=True):
         due_s = row["real"].meta["scheduled_s"]
         row["real"] = bs.simulate(bs.Trace(due_s), row["policy"], at_speed(truth, speed),
@@ -59,7 +62,7 @@ def test_tracked_rows_run_at_the_speed_of_the_rows_before_them():
     calibration's own speed, is off; each later one, at the median of those before it,
     is exact. Told-the-speed and tracked cannot be asked together."""
     saved = poisson_saved_runs()
-    truth = costly_service(idle_ms=(), wake_ms=())
+    truth = refit(saved["service"], saved["calibration_runs"])
     for row in saved["runs"]["poisson"]:
         due_s = row["real"].meta["scheduled_s"]
         row["real"] = bs.simulate(bs.Trace(due_s), row["policy"], at_speed(truth, 1.2),

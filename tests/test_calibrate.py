@@ -22,11 +22,14 @@ from batchsim.calibrate import (
     CAPACITY_TOLERANCE,
     LATENCY_PERCENTILES,
     WARM_BATCHES,
+    _after_turns,
     _due_s,
+    _linger_ms,
     _merged_bins,
     _release_table,
     _releases,
     _timer,
+    _turn_times,
     at_speed,
     batch_residuals,
     capacity_check,
@@ -509,7 +512,7 @@ def test_a_refit_recovers_the_costs_that_simulated_runs_were_made_with(sender):
     per batch, per request, per arrival and for the first arrival, the release at each
     size of its table and the reaction, and finds no wake-up after idle; ``s(b)`` and
     the timer stay its own."""
-    svc = costly_service(idle_ms=(), wake_ms=())
+    svc = costly_service(idle_ms=(), wake_ms=(), linger_ms=0.005, send_ms=0.001)
     costs = svc.costs
     runs = [bs.simulate(bs.Poisson(load * svc.capacity_rps(8)), bs.BatchPolicy(8, wait_ms),
                         svc, n_requests=1500, seed=k, sender=sender)
@@ -530,6 +533,21 @@ def test_a_refit_recovers_the_costs_that_simulated_runs_were_made_with(sender):
     assert c.wake_ms == pytest.approx([0.0] * len(c.wake_ms), abs=1e-9)
     assert c.release_spread_ms == pytest.approx([0.0] * len(c.release_spread_ms), abs=1e-9)
     assert fit.jitter_quantiles == pytest.approx([1.0] * len(fit.jitter_quantiles))
+    # The linger, from the sender's turns: midway between the nearest delays either side
+    # of the split, so both it and the truth lie between them; runs without a sender
+    # recorded no turns, and the engines then take a reaction. The sends' spacing and
+    # the hold after a dispatch, from the turns too (none recorded: none).
+    if sender == "loop":
+        delays_s, awake = (np.concatenate(v) for v in zip(*(
+            _after_turns(r, np.r_[0, np.cumsum(r.meta["turn_sizes"])[:-1]], 1.0)[:2]
+            for r in runs), strict=True))
+        for linger_ms in (c.linger_ms, costs.linger_ms):
+            assert delays_s[awake].max() <= linger_ms / 1e3 <= delays_s[~awake].min()
+        assert c.send_ms == pytest.approx(costs.send_ms, rel=1e-6)
+        assert c.hold_ms == c.hold_per_item_ms == 0.0
+    else:
+        assert c.linger_ms is None and c.linger_s == c.react_s
+        assert c.send_ms == c.hold_ms == c.hold_per_item_ms == 0.0
     with pytest.raises(ValueError, match="service must be a CalibratedService"):
         refit(svc.model, runs)
     with pytest.raises(ValueError, match="runs must be a non-empty list of RunResults"):
@@ -718,6 +736,127 @@ def test_a_sender_on_the_loop_serves_everyone_by_the_rule(workload, costs, max_b
         waiting >= max_b, got[np.minimum(heads + max_b - 1, got.size - 1)], np.inf),
         got[-1]) <= res.start_s
     assert on_time.all()
+
+
+@pytest.mark.parametrize("linger_ms, received_us", [
+    (0.005, [1, 101, 107, 113, 131]),
+    (None, [1, 101, 103, 111, 131]),
+])
+def test_the_loop_lingers_after_a_senders_turn_while_a_batch_runs(linger_ms, received_us):
+    """The first request starts a 1 ms batch. While it runs, a sender's turn asks the
+    batcher for nothing and the loop sleeps ``linger_ms`` after it: the request due at
+    100 us goes out at 101 (the timer wakes the loop on time, the sender's step takes a
+    reaction, 1 us); lingering 5 us, the loop is still awake when the ones due at 101.5
+    and 110 fall due, and sends each in a turn of its own (at 107 and 113); the one due
+    at 130 waits for the timer. Without a linger, a reaction: awake only until 102, the
+    loop sends 101.5 at 103 and sleeps before 110."""
+    svc = CalibratedService(bs.AffineService(1.0, 0.0),
+                            costs=BatcherCosts(react_ms=0.001, linger_ms=linger_ms))
+    due_s = np.array([0.0, 100.0, 101.5, 110.0, 130.0]) / 1e6
+    res = bs.simulate(bs.Trace(due_s), bs.BatchPolicy(8, 0.0), svc, sender="loop")
+    np.testing.assert_allclose(res.arrival_s * 1e6, received_us, atol=1e-6)
+    assert res.meta["turn_sizes"].tolist() == [1] * 5
+    # The first turn found the worker free and the queue empty: it asked for a decision,
+    # which came a reaction later (a linger there would have started the batch at 6).
+    np.testing.assert_allclose(res.start_s * 1e6, [2, 1002], atol=1e-6)
+
+
+@pytest.mark.parametrize("linger_ms, received_us", [
+    (0.005, [1, 3, 9, 21, 2001]),
+    (None, [1, 3, 7, 21, 2001]),
+])
+def test_the_loop_lingers_after_a_turn_that_neither_empties_nor_fills_the_queue(
+        linger_ms, received_us):
+    """A worker free, a batch waiting up to 1 ms to fill: the first request (sent at 1
+    us) asks for a decision and the loop stays a reaction; the second, due at 1.5 us, is
+    sent at 3 to a queue neither empty nor filled by it, which asks the batcher for
+    nothing (``submit_nowait``), and the loop lingers: 5 us, long enough for the one due
+    at 6; a reaction, not (it waits for the timer, on time here)."""
+    svc = CalibratedService(bs.AffineService(1.0, 0.0),
+                            costs=BatcherCosts(react_ms=0.001, linger_ms=linger_ms))
+    due_s = np.array([0.0, 1.5, 6.0, 20.0, 2000.0]) / 1e6
+    res = bs.simulate(bs.Trace(due_s), bs.BatchPolicy(8, 1.0), svc, sender="loop")
+    np.testing.assert_allclose(res.arrival_s * 1e6, received_us, atol=1e-6)
+    np.testing.assert_allclose(res.start_s * 1e6, [1001, 2002], atol=1e-6)
+
+
+def test_a_turn_sends_its_requests_one_after_another():
+    """Sends take 2 us each: the turn woken for the request due at 0 sends it at 1 (a
+    reaction), the one due at 0.5 at 3 and the one due at 2.5 at 5 (each due by the time
+    the send before it is done); the one due at 8 is not, and waits for its timer. The
+    decision comes a reaction after the last send, at 6. Without send times the first
+    two go at 1 and the decision at 2; the one due at 2.5 then goes at 3.5, a turn
+    during the batch after which the loop lingers to 8.5, and sends the one due at 8 a
+    reaction later."""
+    costs = BatcherCosts(react_ms=0.001, linger_ms=0.005, send_ms=0.002)
+    svc = CalibratedService(bs.AffineService(1.0, 0.0), costs=costs)
+    due_s = np.array([0.0, 0.5, 2.5, 8.0]) / 1e6
+    res = bs.simulate(bs.Trace(due_s), bs.BatchPolicy(8, 0.0), svc, sender="loop")
+    np.testing.assert_allclose(res.arrival_s * 1e6, [1, 3, 5, 9], atol=1e-6)
+    assert res.meta["turn_sizes"].tolist() == [3, 1]
+    np.testing.assert_allclose(res.start_s * 1e6, [6, 1006], atol=1e-6)
+    at_once = CalibratedService(bs.AffineService(1.0, 0.0),
+                                costs=BatcherCosts(react_ms=0.001, linger_ms=0.005))
+    res = bs.simulate(bs.Trace(due_s), bs.BatchPolicy(8, 0.0), at_once, sender="loop")
+    np.testing.assert_allclose(res.arrival_s * 1e6, [1, 1, 3.5, 9.5], atol=1e-6)
+    np.testing.assert_allclose(res.start_s[0] * 1e6, 2, atol=1e-6)
+
+
+@pytest.mark.parametrize("hold_ms, hold_per_item_ms, third_us", [
+    (0.003, 0.001, 1007), (0.0, 0.0, 1003)])
+def test_a_dispatch_holds_the_loop_before_the_next_turn(hold_ms, hold_per_item_ms,
+                                                         third_us):
+    """The first request's batch runs from 2 to 1002 us; the second, sent at 101 while
+    it runs, waits. At 1002 the batch ends and the third falls due: the loop dispatches
+    the second, which holds it 3 us plus 1 us per request, so the third goes out a
+    reaction after that, at 1007; with no hold, at 1003."""
+    costs = BatcherCosts(react_ms=0.001, linger_ms=0.005, hold_ms=hold_ms,
+                         hold_per_item_ms=hold_per_item_ms)
+    svc = CalibratedService(bs.AffineService(1.0, 0.0), costs=costs)
+    due_s = np.array([0.0, 100.0, 1002.0]) / 1e6
+    res = bs.simulate(bs.Trace(due_s), bs.BatchPolicy(8, 0.0), svc, sender="loop")
+    np.testing.assert_allclose(res.arrival_s * 1e6, [1, 101, third_us], atol=1e-6)
+    np.testing.assert_allclose(res.start_s[:2] * 1e6, [2, 1002], atol=1e-6)
+
+
+def test_the_sends_spacing_and_the_hold_after_a_dispatch_are_fitted_on_the_turns():
+    """Runs simulated with sends 1 us apart and a dispatch of ``b`` holding the loop
+    2 + 0.5 b us: the turns give both back (the delay from a dispatch to the turn right
+    after it, less the reaction, a line in the batch's size); without recorded turns,
+    nothing is fitted."""
+    svc = costly_service(idle_ms=(), wake_ms=(), linger_ms=0.005, send_ms=0.001,
+                         hold_ms=0.002, hold_per_item_ms=0.0005)
+    runs = [bs.simulate(bs.Poisson(load * svc.capacity_rps(8)), bs.BatchPolicy(8, 0.0),
+                        svc, n_requests=1500, seed=k, sender="loop")
+            for k, load in enumerate((0.4, 0.7, 0.9))]
+    fit = _turn_times(runs, svc.costs.react_ms)
+    assert fit == pytest.approx({"send_ms": 0.001, "hold_ms": 0.002,
+                                 "hold_per_item_ms": 0.0005}, rel=1e-6)
+    for res in runs:
+        del res.meta["turn_sizes"]
+    assert _turn_times(runs, svc.costs.react_ms) == {}
+
+
+def test_no_linger_is_fitted_without_a_coarse_timer_or_enough_turns():
+    """A sleep shows only where the timer rounds it up (asyncio's epoll selector: to
+    whole milliseconds); with a fine timer, or too few turns either side, the engines
+    take a reaction."""
+    svc = costly_service(linger_ms=0.005)
+    runs = [bs.simulate(bs.Poisson(0.9 * svc.capacity_rps(8)), bs.BatchPolicy(8, 0.0), svc,
+                        n_requests=3000, seed=seed, sender="loop") for seed in (1, 2)]
+    # Midway between the nearest delays either side: a score of turns sent awake here.
+    assert _linger_ms(runs, 1.0) == pytest.approx(0.005, abs=5e-4)
+    assert _linger_ms(runs, 0.0) is None and _linger_ms(runs, 0.05) is None
+    few = bs.simulate(bs.Poisson(0.7 * svc.capacity_rps(8)), bs.BatchPolicy(8, 0.0), svc,
+                      n_requests=40, seed=1, sender="loop")
+    assert _linger_ms([few], 1.0) is None
+
+
+def test_a_linger_is_a_non_negative_time_or_none():
+    assert BatcherCosts(react_ms=0.01).linger_s == pytest.approx(1e-5)
+    assert BatcherCosts(react_ms=0.01, linger_ms=0.004).linger_s == pytest.approx(4e-6)
+    with pytest.raises(ValueError, match="linger_ms must be .*, got -0.001"):
+        BatcherCosts(linger_ms=-0.001)
 
 
 @pytest.mark.parametrize("kwargs, match", [

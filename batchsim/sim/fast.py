@@ -67,9 +67,7 @@ def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarra
         res = _assemble(received_s, policy, batch_time_s, jitter, workers, log)
         if sender == "loop":
             res.meta["sent_s"] = arrival_s
-            # The requests of one turn reach the batcher at one instant.
-            turn_starts = np.flatnonzero(np.r_[True, np.diff(received_s) != 0])
-            res.meta["turn_sizes"] = np.diff(np.r_[turn_starts, received_s.size])
+            res.meta["turn_sizes"] = np.array(log.turn_sizes, int)
         res.end_s = np.asarray(end_s)        # arrivals during a batch may have delayed it
         res.finish_s = np.where(res.batch_id >= 0, res.end_s[res.batch_id], np.nan)
         return res
@@ -108,6 +106,7 @@ class _Loop:
         self.worker, self.oldest = array("q"), array("q")
         self.expired = []                # (first position, end position, time)
         self.rejected = []               # (first request index, end index)
+        self.turn_sizes = []             # a load generator's turns (``_sender_loop``)
         # Can the queue ever hold max_batch_size, or are arrivals turned away before?
         self.fills = not rule.rejects(policy, policy.max_batch_size - 1)
         self._trigger_s = self._danger_s = None      # made on first use, kept for the run
@@ -343,10 +342,18 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
     requests waiting, the rule's instant for the head) and the worker's release
     (``release`` after its batch ends, plus the batch's ``release_dev``; a wake-up after
     the end and before it takes the release in too). Awake at ``t``, it frees the worker
-    and decides; then, if a request is due, the generator resumes one step later, at
-    ``t + react``, and sends every request due by then -- they reach the batcher at that
-    instant -- and the decision it asks for comes ``react`` later still; then the loop
-    sleeps. With ``react`` 0 the generator's step and the decision coincide, so what it
+    and decides (a dispatch of ``b`` holds the loop ``costs.hold_s(b)``: the worker
+    takes the interpreter to gather its batch); then, if a request is due, the generator
+    resumes one step later, ``react``, and sends the requests due one after another,
+    ``send_ms`` apart, each as it falls due by then -- they reach the batcher as they
+    are sent -- and the decision it asks for comes ``react`` after the last; then the
+    loop sleeps. Sends ask for a decision only when the worker is free and the queue was
+    empty or they fill it (as ``DynamicBatcher.submit_nowait`` does), or when the last
+    one closes the batcher; after any other turn -- most often one while a batch runs --
+    the loop sleeps ``linger`` after it (``costs.linger_s``): a request due by then goes
+    out in a turn of its own without a sleep, a later one waits for the next wake-up,
+    most often the batch's release.
+    With ``react`` 0 the generator's step and the decision coincide, so what it
     sends joins the decision, as the rule has a request arriving at a dispatch's instant
     (a limit reached with a jump: with any ``react`` above 0, requests that fell due while
     the loop slept miss the batch its timer fires; calibrations fit 10-20 us).
@@ -378,16 +385,20 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
         return rule.dispatch_time_s(policy, now_s, received[h], full_s, close_s)
 
     def decide(now_s):
+        """Dispatch the head's batch if the rule says so now; when the loop goes on (a
+        dispatch of ``b`` holds it ``costs.hold_s(b)``)."""
         nonlocal h, released_s
         if released_s < math.inf or h == sent or head_due_s(now_s) > now_s:
-            return
+            return now_s
         b, k = min(sent - h, max_b), len(ends)
         service_s = bt[b] if jit is None else bt[b] * jit[k]
         ends.append(now_s + service_s + costs.wake_s(now_s - (ends[-1] if k else -math.inf)))
         log.start_s.append(now_s)
         log.head.append(h)
         h, released_s = h + b, ends[-1] + max(release[b] + release_dev[k], 0.0)
+        return now_s + costs.hold_s(b)
 
+    send_s = costs.send_ms / 1000.0
     while h < n:
         due_s = x[sent] if sent < n else math.inf
         if released_s == math.inf and h < sent:
@@ -397,12 +408,22 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
             released_s = math.inf
         sending = sent < n and x[sent] <= t
         if react or not sending:      # without a step between, what is sent joins (rule 3)
-            decide(t)
+            t = decide(t)
         if sending:
             t += react
-            first, sent = sent, bisect_right(x, t, sent)
-            received[first:sent] = t
-            if released_s < math.inf and t < ends[-1]:    # they reach it mid-batch
+            first, t_first = sent, t
+            if send_s:    # one after another, each send_s after the last; those due by then
+                while True:
+                    received[sent] = t
+                    sent += 1
+                    if sent == n or x[sent] > t + send_s:
+                        break
+                    t += send_s
+            else:
+                sent = bisect_right(x, t, sent)
+                received[first:sent] = t
+            log.turn_sizes.append(sent - first)
+            if released_s < math.inf and t_first < ends[-1]:    # they reach it mid-batch
                 stretch_s = per_arrival_s * (sent - first)
                 if received_by != len(ends):               # its first ones
                     stretch_s += first_arrival_s
@@ -411,8 +432,11 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
                 released_s += stretch_s
             if sent == n:
                 close_s = t       # the generator closes the batcher after its last send
-            t += react
-            decide(t)
+            # The turn asks for a decision (``submit`` with the worker free, to a queue
+            # that was empty or that it filled; the close), else the loop lingers.
+            asks = sent == n or (released_s == math.inf and (first == h or sent - h >= max_b))
+            t += react if asks else costs.linger_s
+            t = decide(t)
         sleep_s = t
     return received, log, ends
 
