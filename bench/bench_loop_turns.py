@@ -46,9 +46,7 @@ from batchsim.calibrate import _after_turns as after_turns
 from batchsim.calibrate import _linger_split_s as linger_split_s
 from batchsim.calibrate import _sending_due_s as due_s
 from batchsim.fidelity import simulate_schedule
-
-#: ``run_load``'s default: the most requests it sends in one turn.
-MAX_BURST = 64
+from batchsim.sim.fast import MAX_BURST
 
 
 def turn_starts(res) -> np.ndarray:

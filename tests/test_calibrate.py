@@ -1,6 +1,7 @@
 """Calibration: the batcher-cost model in both engines, compare(), and calibrate() on a
 model whose cost is known."""
 
+import inspect
 import itertools
 import math
 import os
@@ -39,6 +40,7 @@ from batchsim.calibrate import (
 )
 from batchsim.result import RunRecorder
 from batchsim.service import BatcherCosts, CalibratedService
+from batchsim.sim.fast import MAX_BURST
 
 MS = 1e-3
 
@@ -544,10 +546,10 @@ def test_a_refit_recovers_the_costs_that_simulated_runs_were_made_with(sender):
         for linger_ms in (c.linger_ms, costs.linger_ms):
             assert delays_s[awake].max() <= linger_ms / 1e3 <= delays_s[~awake].min()
         assert c.send_ms == pytest.approx(costs.send_ms, rel=1e-6)
-        assert c.hold_ms == c.hold_per_item_ms == 0.0
+        assert (c.hold_ms, c.hold_per_item_ms) == pytest.approx((0.0, 0.0), abs=1e-12)
     else:
         assert c.linger_ms is None and c.linger_s == c.react_s
-        assert c.send_ms == c.hold_ms == c.hold_per_item_ms == 0.0
+        assert (c.send_ms, c.hold_ms, c.hold_per_item_ms) == (0.0, 0.0, 0.0)   # defaults
     with pytest.raises(ValueError, match="service must be a CalibratedService"):
         refit(svc.model, runs)
     with pytest.raises(ValueError, match="runs must be a non-empty list of RunResults"):
@@ -782,15 +784,15 @@ def test_the_loop_lingers_after_a_turn_that_neither_empties_nor_fills_the_queue(
 
 def test_a_turn_sends_its_requests_one_after_another():
     """Sends take 2 us each: the turn woken for the request due at 0 sends it at 1 (a
-    reaction), the one due at 0.5 at 3 and the one due at 2.5 at 5 (each due by the time
-    the send before it is done); the one due at 8 is not, and waits for its timer. The
-    decision comes a reaction after the last send, at 6. Without send times the first
-    two go at 1 and the decision at 2; the one due at 2.5 then goes at 3.5, a turn
-    during the batch after which the loop lingers to 8.5, and sends the one due at 8 a
-    reaction later."""
+    reaction), the one due at 0.5 at 3 and the one due at 4.5 at 5 (each due by the time
+    the send before it is done, not by its start); the one due at 8 is not, and waits
+    for its timer. The decision comes a reaction after the last send, at 6. Without send
+    times the first two go at 1 and the decision at 2; the one due at 4.5 then goes at
+    5.5, a turn during the batch after which the loop lingers to 10.5, and sends the one
+    due at 8 a reaction later."""
     costs = BatcherCosts(react_ms=0.001, linger_ms=0.005, send_ms=0.002)
     svc = CalibratedService(bs.AffineService(1.0, 0.0), costs=costs)
-    due_s = np.array([0.0, 0.5, 2.5, 8.0]) / 1e6
+    due_s = np.array([0.0, 0.5, 4.5, 8.0]) / 1e6
     res = bs.simulate(bs.Trace(due_s), bs.BatchPolicy(8, 0.0), svc, sender="loop")
     np.testing.assert_allclose(res.arrival_s * 1e6, [1, 3, 5, 9], atol=1e-6)
     assert res.meta["turn_sizes"].tolist() == [3, 1]
@@ -798,7 +800,7 @@ def test_a_turn_sends_its_requests_one_after_another():
     at_once = CalibratedService(bs.AffineService(1.0, 0.0),
                                 costs=BatcherCosts(react_ms=0.001, linger_ms=0.005))
     res = bs.simulate(bs.Trace(due_s), bs.BatchPolicy(8, 0.0), at_once, sender="loop")
-    np.testing.assert_allclose(res.arrival_s * 1e6, [1, 1, 3.5, 9.5], atol=1e-6)
+    np.testing.assert_allclose(res.arrival_s * 1e6, [1, 1, 5.5, 11.5], atol=1e-6)
     np.testing.assert_allclose(res.start_s[0] * 1e6, 2, atol=1e-6)
 
 
@@ -817,6 +819,33 @@ def test_a_dispatch_holds_the_loop_before_the_next_turn(hold_ms, hold_per_item_m
     res = bs.simulate(bs.Trace(due_s), bs.BatchPolicy(8, 0.0), svc, sender="loop")
     np.testing.assert_allclose(res.arrival_s * 1e6, [1, 101, third_us], atol=1e-6)
     np.testing.assert_allclose(res.start_s[:2] * 1e6, [2, 1002], atol=1e-6)
+
+
+def test_a_turn_sends_max_burst_requests_then_yields_to_the_batcher():
+    """70 requests due at once to an idle worker, sends 1 us apart: the generator sends
+    64 (``run_load``'s ``max_burst``) at 1-64 us, yields, and the batcher takes them as
+    one batch a reaction later (65 us); the generator goes on at once with the other 6
+    (65-70 us), which wait for the next batch. Without the cap one batch of 70."""
+    costs = BatcherCosts(react_ms=0.001, linger_ms=0.005, send_ms=0.001)
+    svc = CalibratedService(bs.AffineService(1.0, 0.0), costs=costs)
+    res = bs.simulate(bs.Trace(np.zeros(70)), bs.BatchPolicy(128, 0.0), svc, sender="loop")
+    assert MAX_BURST == inspect.signature(bs.real.run_load).parameters["max_burst"].default
+    np.testing.assert_allclose(res.arrival_s * 1e6, np.arange(1, 71), atol=1e-6)
+    assert res.meta["turn_sizes"].tolist() == [64, 6]
+    assert res.size.tolist() == [64, 6]
+    np.testing.assert_allclose(res.start_s[0] * 1e6, 65, atol=1e-6)
+
+
+def test_only_the_sends_before_a_batchs_end_delay_it():
+    """A 10 us batch (2-12 us); ten requests due at 5 are sent 1 us apart from 6 us, each
+    delaying the batch 0.1 us while it runs: those sent at 6-12 us do (the end moves to
+    12.7 us), the three after it do not."""
+    costs = BatcherCosts(react_ms=0.001, linger_ms=0.005, send_ms=0.001, arrival_ms=0.0001)
+    svc = CalibratedService(bs.AffineService(0.01, 0.0), costs=costs)
+    due_s = np.r_[0.0, np.full(10, 5.0)] / 1e6
+    res = bs.simulate(bs.Trace(due_s), bs.BatchPolicy(16, 0.0), svc, sender="loop")
+    np.testing.assert_allclose(res.arrival_s[1:] * 1e6, np.arange(6, 16), atol=1e-6)
+    np.testing.assert_allclose(res.end_s[0] * 1e6, 12.7, atol=1e-6)
 
 
 def test_the_sends_spacing_and_the_hold_after_a_dispatch_are_fitted_on_the_turns():

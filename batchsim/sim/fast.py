@@ -40,6 +40,10 @@ from ..result import COMPLETED, EXPIRED, REJECTED, RunResult
 _SERVED_KEPT = 65536
 #: Elements per step of a vectorised precompute (see ``_blockwise``).
 _BLOCK = 8192
+#: The most requests a load generator on the loop sends in one turn before it yields
+#: (``run_load``'s ``max_burst``): on one CPU the tiny MLP's bursts sent over half of
+#: their requests in such turns.
+MAX_BURST = 64
 
 
 def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarray,
@@ -352,13 +356,15 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
     one closes the batcher; after any other turn -- most often one while a batch runs --
     the loop sleeps ``linger`` after it (``costs.linger_s``): a request due by then goes
     out in a turn of its own without a sleep, a later one waits for the next wake-up,
-    most often the batch's release.
+    most often the batch's release. A turn sends ``MAX_BURST`` requests at the most, as
+    ``run_load`` does; it then yields, the loop decides as after any turn, and the
+    generator goes on at once with what is due.
     With ``react`` 0 the generator's step and the decision coincide, so what it
     sends joins the decision, as the rule has a request arriving at a dispatch's instant
     (a limit reached with a jump: with any ``react`` above 0, requests that fell due while
     the loop slept miss the batch its timer fires; calibrations fit 10-20 us).
-    Each request that reaches the batcher while a batch runs delays it by
-    ``arrival_ms``, and the first by ``first_arrival_ms`` more, as in the other engines:
+    Each request that reaches the batcher while a batch runs (before its end) delays it
+    by ``arrival_ms``, and the first by ``first_arrival_ms`` more, as in the other engines:
     those sent in the turn right after its dispatch too, though they were due before it
     (the loop sends them before the worker can have the interpreter or, on one core, the
     core).
@@ -399,6 +405,7 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
         return now_s + costs.hold_s(b)
 
     send_s = costs.send_ms / 1000.0
+    resuming = False             # the generator goes on after a turn cut at MAX_BURST
     while h < n:
         due_s = x[sent] if sent < n else math.inf
         if released_s == math.inf and h < sent:
@@ -410,33 +417,40 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
         if react or not sending:      # without a step between, what is sent joins (rule 3)
             t = decide(t)
         if sending:
-            t += react
+            t += 0.0 if resuming else react
             first, t_first = sent, t
+            last = min(n, first + MAX_BURST)
             if send_s:    # one after another, each send_s after the last; those due by then
                 while True:
                     received[sent] = t
                     sent += 1
-                    if sent == n or x[sent] > t + send_s:
+                    if sent == last or x[sent] > t + send_s:
                         break
                     t += send_s
             else:
-                sent = bisect_right(x, t, sent)
+                sent = bisect_right(x, t, sent, last)
                 received[first:sent] = t
             log.turn_sizes.append(sent - first)
             if released_s < math.inf and t_first < ends[-1]:    # they reach it mid-batch
-                stretch_s = per_arrival_s * (sent - first)
+                end_s = ends[-1]
                 if received_by != len(ends):               # its first ones
-                    stretch_s += first_arrival_s
+                    end_s += first_arrival_s
                     received_by = len(ends)
-                ends[-1] += stretch_s
-                released_s += stretch_s
+                for j in range(first, sent):    # each one received before its end delays it
+                    if received[j] >= end_s:
+                        break
+                    end_s += per_arrival_s
+                released_s += end_s - ends[-1]
+                ends[-1] = end_s
             if sent == n:
                 close_s = t       # the generator closes the batcher after its last send
             # The turn asks for a decision (``submit`` with the worker free, to a queue
-            # that was empty or that it filled; the close), else the loop lingers.
+            # that was empty or that it filled; the close), else the loop lingers. A turn
+            # cut at MAX_BURST yields and goes on once the loop has run what was ready.
             asks = sent == n or (released_s == math.inf and (first == h or sent - h >= max_b))
             t += react if asks else costs.linger_s
             t = decide(t)
+            resuming = sent - first == MAX_BURST and sent < n and x[sent] <= t
         sleep_s = t
     return received, log, ends
 
