@@ -455,7 +455,11 @@ def worker_time_ratio(service: CalibratedService, res: RunResult) -> float:
     told the median came out further off: ``bench/results/README.md``). Batches stalled
     by the machine are left out, as the calibration leaves them out of its spread.
     """
-    table = batch_residuals(service, res)
+    return _time_ratio(service, batch_residuals(service, res))
+
+
+def _time_ratio(service: CalibratedService, table) -> float:
+    """``worker_time_ratio`` of a run's ``batch_residuals`` table."""
     kept = table[~_stalled((table["worker_ms"] - table["typical_ms"]).to_numpy())]
     mean_over_median = service.jitter_mean / _spread_median(service)
     return float(kept["worker_ms"].sum() / (mean_over_median * kept["typical_ms"].sum()))
@@ -631,9 +635,8 @@ def _linger_ms(runs, timer_resolution_ms: float) -> float | None:
     the engines then take a reaction."""
     if 1e3 * timer_resolution_ms <= SPAN_US:
         return None
-    split = [_after_turns(r, np.r_[0, np.cumsum(r.meta["turn_sizes"])[:-1]],
-                          timer_resolution_ms)[:2]
-             for r in runs if "turn_sizes" in r.meta and len(r.meta["turn_sizes"])]
+    split = [_after_turns(r, first, timer_resolution_ms)[:2]
+             for r in runs if (first := _turn_firsts(r)) is not None]
     if not split:
         return None
     delays_s, awake = (np.concatenate(v) for v in zip(*split, strict=True))
@@ -654,12 +657,11 @@ def _turn_times(runs, react_ms: float) -> dict:
     fewer than ten such turns."""
     spacing, sizes, delays = [], [], []
     for res in runs:
-        if "turn_sizes" not in res.meta or not len(res.meta["turn_sizes"]):
+        first = _turn_firsts(res)
+        if first is None:
             continue
-        turns = res.meta["turn_sizes"]
-        first = np.r_[0, np.cumsum(turns)[:-1]]
         a, due = res.arrival_s, _sending_due_s(res)
-        inside = np.repeat(np.arange(len(turns)), turns)
+        inside = np.repeat(np.arange(first.size), res.meta["turn_sizes"])
         gaps = np.diff(a)
         spacing.append(gaps[inside[1:] == inside[:-1]])
         k = np.searchsorted(a[first], res.start_s, "left")   # the first turn after each start
@@ -676,6 +678,16 @@ def _turn_times(runs, react_ms: float) -> dict:
     if delays.size >= 10:
         out["hold_ms"], out["hold_per_item_ms"] = _nonnegative_fit(sizes, delays)
     return out
+
+
+def _turn_firsts(res: RunResult) -> np.ndarray | None:
+    """The index of the first request of each of the load generator's turns, where the
+    run recorded them (``run_load``'s and a simulated sender's ``meta["turn_sizes"]``);
+    None where it did not."""
+    turns = res.meta.get("turn_sizes")
+    if turns is None or not len(turns):
+        return None
+    return np.r_[0, np.cumsum(turns)[:-1]]
 
 
 def _after_turns(res: RunResult, first: np.ndarray, timer_resolution_ms: float):

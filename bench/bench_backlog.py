@@ -119,12 +119,13 @@ def kind_table(service, runs):
     of the time its worker sat idle before it."""
     import pandas as pd
 
-    from batchsim.calibrate import _kept_batches, _stalled, batch_residuals, worker_time_ratio
+    from batchsim.calibrate import _kept_batches, _stalled, _time_ratio, batch_residuals
 
     frames = []
     for run in runs:
         real = run["real"]
         t = batch_residuals(service, real)
+        ratio = _time_ratio(service, t)       # the row's worker_time_ratio
         t["backlog"] = in_backlog(real, np.flatnonzero(_kept_batches(real)))
         t = t[~_stalled((t["worker_ms"] - t["typical_ms"]).to_numpy())]
         bins = [label_bins(t["size"], SIZE_EDGES), label_bins(t["received"], RECEIVED_EDGES),
@@ -136,7 +137,7 @@ def kind_table(service, runs):
             kind = kind + "/" + pd.Series(part, index=t.index).astype(str)
         frames.append(pd.DataFrame({
             "typical_ms": t["typical_ms"],
-            "told_ms": t["worker_ms"] / worker_time_ratio(service, real),
+            "told_ms": t["worker_ms"] / ratio,
             "backlog": t["backlog"], "kind": kind}))
     return pd.concat(frames, ignore_index=True)
 

@@ -45,14 +45,16 @@ from bench_fidelity import saved_runs_main
 from batchsim.calibrate import _after_turns as after_turns
 from batchsim.calibrate import _linger_split_s as linger_split_s
 from batchsim.calibrate import _sending_due_s as due_s
+from batchsim.calibrate import _turn_firsts as turn_firsts
 from batchsim.fidelity import simulate_schedule
 from batchsim.sim.fast import MAX_BURST
 
 
 def turn_starts(res) -> np.ndarray:
     """Index of the first request of each of the load generator's turns."""
-    if "turn_sizes" in res.meta:
-        return np.r_[0, np.cumsum(res.meta["turn_sizes"])[:-1]]
+    recorded = turn_firsts(res)
+    if recorded is not None:
+        return recorded
     scheduled_s = res.meta["scheduled_s"]
     runs = np.flatnonzero(np.r_[True, scheduled_s[1:] > res.arrival_s[:-1]])
     # A run of requests each due before the send before it is one turn per max_burst.
