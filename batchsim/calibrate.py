@@ -401,7 +401,10 @@ def batch_residuals(service: CalibratedService, res: RunResult):
     run recorded its load generator's turns (``meta["turn_sizes"]``: ``run_load``, and
     ``simulate(..., sender="loop")``), ``turns`` is how many of them brought the requests
     it received (NaN otherwise): at the same count of requests, each further turn costs
-    a batch more (``bench/results/README.md``).
+    a batch more (``bench/results/README.md``). ``class_use`` says which use of its size
+    class (sizes up to the same power of two: the CUDA graphs' buckets, the pinned host
+    allocator's blocks) in the run the batch was, counting from the run's first batch:
+    on an H200 a class's first uses launched 1-2 ms late.
     """
     import pandas as pd
 
@@ -429,6 +432,8 @@ def batch_residuals(service: CalibratedService, res: RunResult):
         got = during > 0
         turns[~got] = 0
         turns[got] = turn_of[first[got] + during[got] - 1] - turn_of[first[got]] + 1
+    size_class = np.ceil(np.log2(res.size))
+    class_use = pd.Series(size_class).groupby(size_class).cumcount().to_numpy() + 1
     return pd.DataFrame({"start_s": start_s, "size": b,
                          "trigger": np.array(TRIGGER_NAMES)[res.trigger[keep]],
                          "idle_ms": idle, "received": during, "worker_ms": worker_ms,
@@ -437,7 +442,7 @@ def batch_residuals(service: CalibratedService, res: RunResult):
                          "launch_ms": 1e3 * (phases_s[:, 2] - start_s),
                          "received_after_pickup": np.where(np.isnan(picked_s), np.nan,
                                                            np.maximum(after, 0)),
-                         "turns": turns})
+                         "turns": turns, "class_use": class_use[keep]})
 
 
 def worker_time_ratio(service: CalibratedService, res: RunResult) -> float:

@@ -18,6 +18,10 @@ runs, then each arrival set), by:
   the core: the requests delay the batch's start, not its model);
 * batch size and idle time together: how far the cells' ratios stray from the part's
   (``size_by_idle``), a pattern no single cost fits;
+* the batch's use of its size class in its run (the first, the second, later; classes
+  are powers of two, the CUDA graphs' buckets and the pinned host allocator's blocks),
+  with the share of batches that held their worker over twice their prediction: on an
+  H200 a class's first uses in each run launched 1-2 ms late;
 * where the runs recorded each batch's launch (a CUDA pipeline): which part of a batch
   moves from row to row, the threads' (dispatch to launch) or the device's
   (``phase_spread``);
@@ -47,6 +51,8 @@ SIZE_EDGES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 RECEIVED_EDGES = (0, 1, 2, 4, 16, 64)
 #: Bin edges (lower ends) of the load generator's turns during a batch.
 TURN_EDGES = (0, 1, 2, 3)
+#: Bin edges (lower ends) of a batch's use of its size class in its run.
+USE_EDGES = (1, 2, 3)
 
 
 def label_bins(values, edges):
@@ -89,6 +95,7 @@ def batches(service, runs) -> object:
     table["size_bin"] = label_bins(table["size"], SIZE_EDGES)
     table["idle_bin"] = idle_bins(table["idle_ms"])
     table["received_bin"] = label_bins(table["received"], RECEIVED_EDGES)
+    table["class_use"] = label_bins(table["class_use"], USE_EDGES)
     if table["turns"].notna().all():
         table["turns_bin"] = label_bins(table["turns"], TURN_EDGES)
     return table
@@ -100,11 +107,14 @@ def by_group(table) -> dict:
     the median ``pickup_ms`` and the share received after the pickup (NaN where the
     runs did not record it)."""
     out = {}
-    for column in ("size_bin", "trigger", "after_last_arrival", "idle_bin", "received_bin"):
+    for column in ("size_bin", "trigger", "after_last_arrival", "idle_bin", "received_bin",
+                   "class_use"):
         groups = table.groupby(column, sort=True, observed=True)
         out[column] = {str(g): {"batches": len(part),
                                 "median_ratio": float(part["ratio"].median())}
                        for g, part in groups}
+    for g, part in table.groupby("class_use", sort=True, observed=True):
+        out["class_use"][str(g)]["over_2x_share"] = float((part["ratio"] > 2).mean())
     for g, part in table.groupby("received_bin", sort=True, observed=True):
         received = part["received"].sum()
         out["received_bin"][str(g)].update(
@@ -239,6 +249,9 @@ def print_report(report: dict) -> None:
                 continue
             print(f"   {column:>18}: " + ", ".join(
                 f"{g} {c['median_ratio']:.2f} ({c['batches']})" for g, c in cells.items()))
+            if column == "class_use":
+                print(f"   {'over 2x':>18}: " + ", ".join(
+                    f"{g} {c['over_2x_share']:.1%}" for g, c in cells.items()))
             if column == "received_bin":
                 print(f"   {'pickup':>18}: " + ", ".join(
                     f"{g} {1e3 * c['median_pickup_ms']:.0f} us"

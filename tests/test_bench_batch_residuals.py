@@ -149,3 +149,21 @@ def test_script_reads_a_pickle_and_writes_json(tmp_path):
                               "--recalibration"], cwd=ROOT, capture_output=True, text=True,
                              timeout=120, env=env)
     assert refused.returncode != 0 and "has no second calibration" in refused.stderr
+
+
+def test_class_use_counts_each_size_class_in_its_own_run():
+    saved = saved_runs()
+    report = analyze(saved)["calibration_runs"]["class_use"]
+    # Classes are powers of two (ceil log2 of the size), counted afresh in every run from
+    # its first batch; the first two batches warm the worker up and are left out.
+    uses = {"1": 0, "2": 0, "3+": 0}
+    for res in saved["calibration_runs"]:
+        seen = {}
+        for k, c in enumerate(np.ceil(np.log2(res.size))):
+            seen[c] = seen.get(c, 0) + 1
+            if k >= 2:
+                uses[str(seen[c]) if seen[c] < 3 else "3+"] += 1
+    assert {use: cell["batches"] for use, cell in report.items()} == uses
+    assert uses["1"] >= 2 and uses["2"] >= 2
+    # A spread-free calibration's own runs: no batch holds its worker twice its time.
+    assert all(cell["over_2x_share"] == 0 for cell in report.values())
