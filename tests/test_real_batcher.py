@@ -32,6 +32,7 @@ from batchsim.real.runners import (
     HostSteps,
     OutputRowsError,
     graph_buckets,
+    pinned_block_bytes,
     single_threaded_ops,
 )
 from batchsim.result import COMPLETED, EXPIRED, FAILED, REJECTED
@@ -324,6 +325,47 @@ def test_cuda_path_pins_staging_and_matches_the_cpu_model(pipeline):
     with torch.no_grad():
         torch.testing.assert_close(torch.stack(ys), model(xs.cuda()).cpu(),
                                    rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["mlp", "encoder"])
+def test_cuda_outputs_find_pinned_blocks_the_warmup_left(name, pipeline):
+    """Batches of every size, their outputs let go once answered, allocate no pinned
+    host block: the warm-up left enough of each size cached (``prime_outputs``)."""
+    model = make_model(name, device="cuda", size="tiny")
+    xs = model.input_spec.random(16, seed=7)
+
+    async def main():
+        async with DynamicBatcher(model, bs.BatchPolicy(16, 0.5), workers=2,
+                                  pipeline=pipeline) as b:
+            for n in (*range(1, 17), *range(16, 0, -3)):
+                await asyncio.gather(*(b.submit(x) for x in xs[:n]))
+        return b.result()
+
+    res = run(main())
+    assert res.meta["pinned_host_allocs"] == 0, res.meta
+    assert res.size.max() > 8 and res.size.min() == 1
+
+
+def test_pinned_blocks_are_the_powers_of_two_that_outputs_round_up_to():
+    # The encoder's 128 KB rows: one block size per power of two of rows.
+    assert pinned_block_bytes(128 << 10, 32) == tuple(128 << (10 + k) for k in range(5, -1, -1))
+    # 3000-byte rows: 3000, 6000, 9000 and 12000 bytes round up to 4, 8, 16 and 16 KiB.
+    assert pinned_block_bytes(3000, 4) == (16384, 8192, 4096)
+    assert pinned_block_bytes(4096, 1) == (4096,)
+    with pytest.raises(ValueError, match="row_bytes must be an integer >= 1, got 0"):
+        pinned_block_bytes(0, 4)
+    with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1, got 2.0"):
+        pinned_block_bytes(8, 2.0)
+
+
+def test_a_cpu_batcher_counts_no_pinned_blocks():
+    async def main():
+        async with DynamicBatcher(Affine(), bs.BatchPolicy(4, 0.5)) as b:
+            await asyncio.gather(*(b.submit(x) for x in inputs(6)))
+        return b.result()
+
+    assert "pinned_host_allocs" not in run(main()).meta
 
 
 # -- failure semantics --------------------------------------------------------------------

@@ -56,6 +56,7 @@ from .runners import (
     Runner,
     ThreadRunner,
     graph_buckets,
+    pinned_host_allocs,
 )
 
 _done = asyncio.Future.done
@@ -173,6 +174,7 @@ class DynamicBatcher:
         self.cuda_graphs = cuda_graphs
         self.thread_cpus = checked_thread_cpus(thread_cpus)
         self._graphs_meta: dict | None = None
+        self._pinned_allocs: list[int | None] = []  # at the start and at the close
         self.input_spec = spec
         self._spec_source = "the model's input spec" if spec is not None else None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -226,6 +228,7 @@ class DynamicBatcher:
                 self._graphs_meta.update(
                     capture_s=time.perf_counter() - t0, errors=[e for e in errors if e],
                     workers_with_graphs=sum(e is None for e in errors))
+        self._pinned_allocs = [pinned_host_allocs(self.device)]
         self._t0 = time.perf_counter()
         self._started_unix_s = time.time()
         self._started = True
@@ -301,6 +304,8 @@ class DynamicBatcher:
             self._fail_waiting(self.now_s())
             self._check_idle()
         await asyncio.shield(self._idle)
+        if len(self._pinned_allocs) == 1:
+            self._pinned_allocs.append(pinned_host_allocs(self.device))
 
     def _begin_close(self, close_s: float) -> None:
         """Accept no more requests from ``close_s`` on; ``close()`` waits for ``_idle``."""
@@ -313,12 +318,18 @@ class DynamicBatcher:
         ``meta["started_unix_s"]`` is that start on the wall clock (``time.time()``), to
         line the run up with what other tools log by the wall clock, such as a GPU's
         clocks sampled by ``nvidia-smi`` (``bench/bench_gpu_clocks.py``);
-        ``meta["pipeline"]`` says which runner served it. Only once ``close()`` has
-        returned, so that every request has ended.
+        ``meta["pipeline"]`` says which runner served it. On CUDA
+        ``meta["pinned_host_allocs"]`` counts the pinned host blocks this process
+        allocated from the start's end to the first close's (each a ``cudaHostAlloc``,
+        milliseconds for a few MB; the warm-up leaves blocks for the outputs cached:
+        ``CudaSteps.prime_outputs``), other batchers' in the same process included. Only
+        once ``close()`` has returned, so that every request has ended.
         """
         if self._idle is None or not self._idle.done():
             raise RuntimeError("result() needs a closed batcher: await batcher.close() first")
         extra = {} if self._graphs_meta is None else {"cuda_graphs": self._graphs_meta}
+        if len(self._pinned_allocs) == 2 and None not in self._pinned_allocs:
+            extra["pinned_host_allocs"] = self._pinned_allocs[1] - self._pinned_allocs[0]
         if self.thread_cpus is not None:
             extra["thread_cpus"] = {t.name.removeprefix("batchsim-"): cpu for t, cpu
                                     in zip(self._runner.threads, self._runner.cpus, strict=True)}

@@ -111,6 +111,29 @@ def warmup_sizes(max_batch_size: int, graphs: bool) -> tuple[int, ...]:
 #: empties the allocator's cache, which must not happen under another thread's capture.
 WARMUP_LOCK = threading.Lock()
 
+#: Pinned host blocks a CUDA worker's warm-up leaves cached for each size of its outputs
+#: (``CudaSteps.prime_outputs``): a block stays taken while its output's requests are
+#: being answered, and ``run_load`` lets outputs go four batches at a time.
+PINNED_BLOCKS_PER_SIZE = 4
+
+
+def pinned_block_bytes(row_bytes: int, max_batch_size: int) -> tuple[int, ...]:
+    """The pinned host blocks that outputs of 1 to ``max_batch_size`` rows of
+    ``row_bytes`` each are copied into, in bytes, largest first: PyTorch's caching host
+    allocator rounds every request up to a power of two and serves it from the freed
+    blocks of that size (``torch.cuda.host_memory_stats``)."""
+    row_bytes = _check.positive_int("row_bytes", row_bytes)
+    rows = range(1, _check.positive_int("max_batch_size", max_batch_size) + 1)
+    return tuple(sorted({1 << (n * row_bytes - 1).bit_length() for n in rows}, reverse=True))
+
+
+def pinned_host_allocs(device: torch.device) -> int | None:
+    """How many pinned host blocks this process has allocated so far (each one a
+    ``cudaHostAlloc``, which can take a millisecond for a few MB), on CUDA; else None."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.host_memory_stats()["num_host_alloc"])
+
 
 class Graphs:
     """A model captured once per batch-size bucket on one input buffer; replays by size.
@@ -245,6 +268,10 @@ class HostSteps:
     def recover(self, slot: Slot, error: Exception) -> None:
         pass
 
+    def prime_outputs(self, row: torch.Tensor) -> None:
+        """Prepare for the outputs of every batch size, ``row`` one row of an output (on
+        the host: nothing to prepare)."""
+
 
 class CudaSteps(HostSteps):
     """On CUDA: pinned staging, and a stream and a completion event per worker."""
@@ -302,6 +329,25 @@ class CudaSteps(HostSteps):
 
     def wait(self, slot: Slot) -> None:
         slot.event.synchronize()
+
+    def prime_outputs(self, row: torch.Tensor) -> None:
+        """Leave ``PINNED_BLOCKS_PER_SIZE`` pinned host blocks cached for every size of
+        output (``pinned_block_bytes``), held all at once, then let go.
+
+        Every batch copies its output back into a new pinned tensor (``launch``), and
+        the allocator's first blocks of a size each cost a ``cudaHostAlloc``. The
+        warm-up's batches leave one block of a size at most, so on an H200 the encoder's
+        first and second batches of a size class in each run (outputs of 128 KB a row)
+        took over twice their time in 12-35% and 4-22% of cases, against 0.0-0.2% later
+        (``bench/results/README.md``). A block that cannot be pinned is left to the
+        first batch that needs it.
+        """
+        sizes = pinned_block_bytes(row.numel() * row.element_size(),
+                                   self.batcher.policy.max_batch_size)
+        with contextlib.suppress(RuntimeError):
+            held = [torch.empty(n, dtype=torch.uint8, pin_memory=True)
+                    for n in sizes for _ in range(PINNED_BLOCKS_PER_SIZE)]
+            del held
 
     def recover(self, slot: Slot, error: Exception) -> None:
         """Let what the failed launch enqueued finish (its staging may still be read)."""
@@ -374,9 +420,12 @@ class Runner:
         xs, capture = job
         with WARMUP_LOCK:
             for b in warmup_sizes(len(xs), capture):
-                if self._serve(slot, xs[:b])[1]:
+                outs, failed = self._serve(slot, xs[:b])
+                if failed:
                     break  # a model that cannot take zeros fails later, per request
             why_not = self.steps.capture_graphs(slot) if capture else None
+            if not failed:
+                self.steps.prime_outputs(outs[0])
             with contextlib.suppress(concurrent.futures.InvalidStateError):
                 done.set_result(why_not)  # unless start() was cancelled: nobody waits
 
