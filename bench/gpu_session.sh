@@ -44,7 +44,11 @@
 #          with its threads where the OS puts them (<model> cnn_os_placed; about 1.5
 #          minutes more): the other half of a pair on one machine. BATCHSIM_GPU_PIN_THREADS=1
 #          pins the event loop to the first of those CPUs and each batcher's threads one
-#          per CPU on the others (bench_fidelity.py --pin-threads). BATCHSIM_GPU_PIPELINE=0
+#          per CPU on the others (bench_fidelity.py --pin-threads). BATCHSIM_GPU_MODELS
+#          (default "encoder cnn") names the models to run; BATCHSIM_GPU_DURATION_S sets
+#          each row's seconds of traffic (default the quick grid's 0.5; a quick row's
+#          handful of bursts did not repeat its own p50 within 8.5-15.8% on an H200, so
+#          1.5 asks whether longer rows do; about 3x the time). BATCHSIM_GPU_PIPELINE=0
 #          serves the calibration and every row with a thread per worker instead of the
 #          pipeline of threads (bench_fidelity.py --no-pipeline). Where nvidia-smi is,
 #          the GPU's clocks are logged every 50 ms during each run -> gpu_clocks_<model>.csv,
@@ -170,7 +174,10 @@ if [ "${BATCHSIM_GPU_FIDELITY:-0}" = 1 ]; then
             PIN+=(--pin-threads)
         fi
     fi
-    runs=(encoder cnn)
+    read -ra runs <<< "${BATCHSIM_GPU_MODELS:-encoder cnn}"
+    if [ -n "${BATCHSIM_GPU_DURATION_S:-}" ]; then
+        FID+=(--duration-s "$BATCHSIM_GPU_DURATION_S")
+    fi
     if [ "${BATCHSIM_GPU_PAIR:-0}" = 1 ]; then runs+=(cnn_os_placed); fi
     for name in "${runs[@]}"; do
         model=${name%%_*} args=("${FID[@]}" "${PIN[@]}")
