@@ -402,9 +402,10 @@ def batch_residuals(service: CalibratedService, res: RunResult):
     ``simulate(..., sender="loop")``), ``turns`` is how many of them brought the requests
     it received (NaN otherwise): at the same count of requests, each further turn costs
     a batch more (``bench/results/README.md``). ``class_use`` says which use of its size
-    class (sizes up to the same power of two: the CUDA graphs' buckets, the pinned host
-    allocator's blocks) in the run the batch was, counting from the run's first batch:
-    on an H200 a class's first uses launched 1-2 ms late.
+    class (sizes up to the same power of two: the CUDA graphs' buckets, and the pinned
+    host allocator's block sizes where an output row is a power of two of bytes) in the
+    run the batch was, counting from the run's first batch: on an H200 a class's first
+    uses launched 1-2 ms late.
     """
     import pandas as pd
 

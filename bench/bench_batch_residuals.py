@@ -19,7 +19,8 @@ runs, then each arrival set), by:
 * batch size and idle time together: how far the cells' ratios stray from the part's
   (``size_by_idle``), a pattern no single cost fits;
 * the batch's use of its size class in its run (the first, the second, later; classes
-  are powers of two, the CUDA graphs' buckets and the pinned host allocator's blocks),
+  are powers of two: the CUDA graphs' buckets, and the pinned host allocator's block
+  sizes where an output row is a power of two of bytes),
   with the share of batches that held their worker over twice their prediction: on an
   H200 a class's first uses in each run launched 1-2 ms late;
 * where the runs recorded each batch's launch (a CUDA pipeline): which part of a batch

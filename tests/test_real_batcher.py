@@ -337,14 +337,14 @@ def test_cuda_outputs_find_pinned_blocks_the_warmup_left(name, pipeline):
 
     async def main():
         async with DynamicBatcher(model, bs.BatchPolicy(16, 0.5), workers=2,
-                                  pipeline=pipeline) as b:
+                                  pipeline=pipeline, cuda_graphs=True) as b:
             for n in (*range(1, 17), *range(16, 0, -3)):
                 await asyncio.gather(*(b.submit(x) for x in xs[:n]))
         return b.result()
 
     res = run(main())
     assert res.meta["pinned_host_allocs"] == 0, res.meta
-    assert res.size.max() > 8 and res.size.min() == 1
+    assert set(np.ceil(np.log2(res.size)).astype(int)) == {0, 1, 2, 3, 4}  # 1 to 16 rows
 
 
 def test_pinned_blocks_are_the_powers_of_two_that_outputs_round_up_to():
@@ -1009,6 +1009,43 @@ def test_an_error_at_the_completion_event_fails_only_that_batch():
     outs = run(main())
     assert all(torch.equal(o, 2 * x + 1) for o, x in zip(outs[:4], xs[:4], strict=True))
     assert all(isinstance(o, RuntimeError) and "completion event" in str(o) for o in outs[4:])
+
+
+class _PrimingSteps(HostSteps):
+    """Host steps that record the output rows the warm-up prepares for, or fail there."""
+
+    fail = False
+
+    def prime_outputs(self, row):
+        if self.fail:
+            raise ValueError("cannot prime")
+        self.rows = [*getattr(self, "rows", []), row]
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["primes", "fails"])
+def test_the_warmup_prepares_every_worker_for_an_output_row(pipeline, fail):
+    """After its batches of zeros, each worker's warm-up hands one output row to
+    ``prime_outputs`` (on CUDA: pinned blocks for every output size); an error there
+    fails ``start()`` instead of leaving it waiting."""
+    steps = []
+
+    class Batcher(DynamicBatcher):
+        def _make_steps(self):
+            steps.append(_PrimingSteps(self))
+            steps[-1].fail = fail
+            return steps[-1]
+
+    async def main():
+        b = Batcher(Affine(), bs.BatchPolicy(4, 0.5), workers=2, pipeline=pipeline)
+        await b.start(warmup=True)
+        await b.close()
+
+    if fail:
+        with pytest.raises(ValueError, match="cannot prime"):
+            run(main())
+    else:
+        run(main())
+        assert [r.tolist() for r in steps[0].rows] == [[1.0] * 4] * 2  # Affine(0) = 1
 
 
 class _CountingRecover(HostSteps):

@@ -112,8 +112,10 @@ def warmup_sizes(max_batch_size: int, graphs: bool) -> tuple[int, ...]:
 WARMUP_LOCK = threading.Lock()
 
 #: Pinned host blocks a CUDA worker's warm-up leaves cached for each size of its outputs
-#: (``CudaSteps.prime_outputs``): a block stays taken while its output's requests are
-#: being answered, and ``run_load`` lets outputs go four batches at a time.
+#: (``CudaSteps.prime_outputs``). A block is taken while any row of its output is held,
+#: and once let go it waits for the work then queued on its worker's stream; on an H200
+#: the grids' batches found a block cached from their third of a size on (runs then
+#: allocate what more they hold at once: ``meta["pinned_host_allocs"]`` counts it).
 PINNED_BLOCKS_PER_SIZE = 4
 
 
@@ -129,10 +131,13 @@ def pinned_block_bytes(row_bytes: int, max_batch_size: int) -> tuple[int, ...]:
 
 def pinned_host_allocs(device: torch.device) -> int | None:
     """How many pinned host blocks this process has allocated so far (each one a
-    ``cudaHostAlloc``, which can take a millisecond for a few MB), on CUDA; else None."""
-    if device.type != "cuda":
+    ``cudaHostAlloc``, which can take a millisecond for a few MB), on CUDA; else, or
+    where PyTorch does not say, None."""
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    if device.type != "cuda" or stats is None:
         return None
-    return int(torch.cuda.host_memory_stats()["num_host_alloc"])
+    allocs = stats().get("num_host_alloc")
+    return None if allocs is None else int(allocs)
 
 
 class Graphs:
@@ -332,22 +337,24 @@ class CudaSteps(HostSteps):
 
     def prime_outputs(self, row: torch.Tensor) -> None:
         """Leave ``PINNED_BLOCKS_PER_SIZE`` pinned host blocks cached for every size of
-        output (``pinned_block_bytes``), held all at once, then let go.
+        output (``pinned_block_bytes``), each size's held all at once, then let go.
 
         Every batch copies its output back into a new pinned tensor (``launch``), and
-        the allocator's first blocks of a size each cost a ``cudaHostAlloc``. The
-        warm-up's batches leave one block of a size at most, so on an H200 the encoder's
-        first and second batches of a size class in each run (outputs of 128 KB a row)
-        took over twice their time in 12-35% and 4-22% of cases, against 0.0-0.2% later
-        (``bench/results/README.md``). A block that cannot be pinned is left to the
-        first batch that needs it.
+        each block the allocator has not cached costs a ``cudaHostAlloc``. A graph
+        capture empties that cache (``torch.cuda.graph``), so this runs after it; before
+        it did, on an H200 the encoder's first and second batches of a size in each run
+        (outputs of 128 KB a row) took over twice their time in 12-35% and 4-22% of
+        cases, against 0.0-0.2% later (``bench/results/README.md``). A size whose blocks
+        cannot be pinned is left to the first batches that need them.
         """
-        sizes = pinned_block_bytes(row.numel() * row.element_size(),
-                                   self.batcher.policy.max_batch_size)
-        with contextlib.suppress(RuntimeError):
-            held = [torch.empty(n, dtype=torch.uint8, pin_memory=True)
-                    for n in sizes for _ in range(PINNED_BLOCKS_PER_SIZE)]
-            del held
+        row_bytes = row.numel() * row.element_size()
+        if not row_bytes:
+            return  # empty outputs take no memory
+        for n in pinned_block_bytes(row_bytes, self.batcher.policy.max_batch_size):
+            with contextlib.suppress(RuntimeError):
+                held = [torch.empty(n, dtype=torch.uint8, pin_memory=True)
+                        for _ in range(PINNED_BLOCKS_PER_SIZE)]
+                del held
 
     def recover(self, slot: Slot, error: Exception) -> None:
         """Let what the failed launch enqueued finish (its staging may still be read)."""
@@ -418,16 +425,20 @@ class Runner:
 
     def _warm(self, slot: Slot, job, done: concurrent.futures.Future) -> None:
         xs, capture = job
-        with WARMUP_LOCK:
-            for b in warmup_sizes(len(xs), capture):
-                outs, failed = self._serve(slot, xs[:b])
-                if failed:
-                    break  # a model that cannot take zeros fails later, per request
-            why_not = self.steps.capture_graphs(slot) if capture else None
-            if not failed:
-                self.steps.prime_outputs(outs[0])
-            with contextlib.suppress(concurrent.futures.InvalidStateError):
-                done.set_result(why_not)  # unless start() was cancelled: nobody waits
+        with WARMUP_LOCK, contextlib.suppress(concurrent.futures.InvalidStateError):
+            # InvalidStateError: start() was cancelled, and nobody waits for ``done``.
+            try:
+                for b in warmup_sizes(len(xs), capture):
+                    outs, failed = self._serve(slot, xs[:b])
+                    if failed:
+                        break  # a model that cannot take zeros fails later, per request
+                why_not = self.steps.capture_graphs(slot) if capture else None
+                if not failed:  # after the capture, which empties the pinned cache
+                    self.steps.prime_outputs(outs[0])
+            except Exception as e:  # start() fails with it rather than waiting forever
+                done.set_exception(e)
+            else:
+                done.set_result(why_not)
 
     def _serve(self, slot: Slot, xs, error: Exception | None = None):
         """Run ``xs`` to the end: ``(outputs, failed positions)``.
