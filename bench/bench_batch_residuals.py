@@ -18,6 +18,8 @@ runs, then each arrival set), by:
   the core: the requests delay the batch's start, not its model);
 * batch size and idle time together: how far the cells' ratios stray from the part's
   (``size_by_idle``), a pattern no single cost fits;
+* where a CUDA batcher counted them, the pinned host blocks each run had to allocate
+  (none, if the warm-up left enough cached);
 * the batch's use of its size class in its run (the first, the second, later; classes
   are powers of two: the CUDA graphs' buckets, and the pinned host allocator's block
   sizes where an output row is a power of two of bytes),
@@ -208,17 +210,28 @@ def row_speeds(table) -> dict:
             "half_diff_sd": float((np.diff(halves, axis=1)[:, 0] / 2).std(ddof=1))}
 
 
+def pinned_allocs(runs) -> dict:
+    """The pinned host blocks each run allocated while it ran, where the runs counted
+    them (a CUDA batcher's ``meta["pinned_host_allocs"]``; empty otherwise): a warm-up
+    that left too few cached shows here."""
+    counts = [res.meta.get("pinned_host_allocs") for res in runs]
+    return {} if None in counts else {"per_run": counts, "total": sum(counts)}
+
+
 def analyze(saved: dict, recalibration: bool = False) -> dict:
     """The groupings for the calibration's runs and each arrival set, and each set's
     row speeds, against the first calibration (or the one made after the grid)."""
     service = saved["recalibration" if recalibration else "service"]
     table = batches(service, saved["calibration_runs"])
     out = {"calibration_runs": {**by_group(table), "size_by_idle": size_by_idle(table),
-                                "phase_spread": phase_spread(table)}}
+                                "phase_spread": phase_spread(table),
+                                "pinned_allocs": pinned_allocs(saved["calibration_runs"])}}
     for name, runs in saved["runs"].items():
-        table = batches(service, [run["real"] for run in runs])
+        reals = [run["real"] for run in runs]
+        table = batches(service, reals)
         out[name] = {**by_group(table), "size_by_idle": size_by_idle(table),
-                     "row_speeds": row_speeds(table), "phase_spread": phase_spread(table)}
+                     "row_speeds": row_speeds(table), "phase_spread": phase_spread(table),
+                     "pinned_allocs": pinned_allocs(reals)}
     return out
 
 
@@ -227,6 +240,11 @@ def print_report(report: dict) -> None:
         print(f"-- {part}: median ratio of worker time to the calibration's prediction "
               f"(batches)")
         for column, cells in groups.items():
+            if column == "pinned_allocs":
+                if cells:
+                    print(f"   {'pinned allocs':>18}: {cells['total']} over the runs "
+                          f"(per run: {cells['per_run']})")
+                continue
             if column == "row_speeds":
                 s = cells
                 print(f"   rows: {s['rows']}, median ratio {s['p5']:.2f}-{s['p95']:.2f} "

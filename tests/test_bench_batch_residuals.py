@@ -167,3 +167,13 @@ def test_class_use_counts_each_size_class_in_its_own_run():
     assert uses["1"] >= 2 and uses["2"] >= 2
     # A spread-free calibration's own runs: no batch holds its worker twice its time.
     assert all(cell["over_2x_share"] == 0 for cell in report.values())
+
+
+def test_pinned_allocations_are_reported_where_the_runs_counted_them():
+    saved = saved_runs()
+    report = analyze(saved)
+    assert report["calibration_runs"]["pinned_allocs"] == {}  # simulated: not counted
+    for k, run in enumerate(saved["runs"]["poisson"]):
+        run["real"].meta["pinned_host_allocs"] = k % 2
+    assert analyze(saved)["poisson"]["pinned_allocs"] == {"per_run": [0, 1, 0, 1, 0],
+                                                          "total": 2}
