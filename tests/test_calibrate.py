@@ -269,6 +269,20 @@ def test_batch_residuals_set_every_batch_against_its_prediction():
         batch_residuals(svc, two)
 
 
+def test_batch_residuals_count_each_size_classs_uses_from_the_runs_first_batch():
+    """Groups of requests 10 ms apart, each one batch: sizes 1, 2, 3, 4, 5, 8, 1, 3, 2
+    fall in the classes up to 1, 2, 4, 4, 8, 8, 1, 4, 2 rows; their uses in the run,
+    counted from its first batch (which the table leaves out, warming up), 1, 1, 1, 2,
+    1, 2, 2, 3, 2."""
+    sizes = (1, 2, 3, 4, 5, 8, 1, 3, 2)
+    arrivals = np.concatenate([np.full(k, 0.01 * i) for i, k in enumerate(sizes)])
+    run = bs.simulate(bs.Trace(arrivals), bs.BatchPolicy(16, 1.0), costly_service(),
+                      n_requests=arrivals.size)
+    assert tuple(run.size) == sizes
+    table = batch_residuals(costly_service(), run)
+    assert table["class_use"].tolist() == [1, 1, 1, 2, 1, 2, 2, 3, 2][WARM_BATCHES:]
+
+
 def test_calibrated_service_saves_and_loads(tmp_path):
     costs = BatcherCosts(0.02, 0.03, 0.001, 1.0, 0.1, 0.005, (0.01, 1.0), (0.0, 0.15))
     svc = CalibratedService(bs.ProfileService((1, 8), (0.1, 0.3)), 0.05, 0.002,
