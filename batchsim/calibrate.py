@@ -428,7 +428,7 @@ def batch_residuals(service: CalibratedService, res: RunResult):
     turns = np.full(b.size, np.nan)
     if "turn_sizes" in res.meta:
         # Each request's turn; a batch's requests are consecutive, so are their turns.
-        turn_of = np.repeat(np.arange(res.meta["turn_sizes"].size), res.meta["turn_sizes"])
+        turn_of = _turn_of(res)
         first = np.searchsorted(res.arrival_s, start_s, "right")
         got = during > 0
         turns[~got] = 0
@@ -667,7 +667,7 @@ def _turn_times(runs, react_ms: float) -> dict:
         if first is None:
             continue
         a, due = res.arrival_s, _sending_due_s(res)
-        inside = np.repeat(np.arange(first.size), res.meta["turn_sizes"])
+        inside = _turn_of(res)
         gaps = np.diff(a)
         spacing.append(gaps[inside[1:] == inside[:-1]])
         k = np.searchsorted(a[first], res.start_s, "left")   # the first turn after each start
@@ -694,6 +694,13 @@ def _turn_firsts(res: RunResult) -> np.ndarray | None:
     if turns is None or not len(turns):
         return None
     return np.r_[0, np.cumsum(turns)[:-1]]
+
+
+def _turn_of(res: RunResult) -> np.ndarray:
+    """Each request's turn of the load generator, numbered from 0, in a run that
+    recorded its turns (``meta["turn_sizes"]``)."""
+    turns = res.meta["turn_sizes"]
+    return np.repeat(np.arange(len(turns)), turns)
 
 
 def _after_turns(res: RunResult, first: np.ndarray, timer_resolution_ms: float):
