@@ -174,7 +174,8 @@ class DynamicBatcher:
         self.cuda_graphs = cuda_graphs
         self.thread_cpus = checked_thread_cpus(thread_cpus)
         self._graphs_meta: dict | None = None
-        self._pinned_allocs: list[int | None] = []  # at the start and at the close
+        self._pinned_at_start: int | None = None   # pinned host blocks so far, at start
+        self._pinned_during: int | None = None     # and those the run added, at its close
         self.input_spec = spec
         self._spec_source = "the model's input spec" if spec is not None else None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -228,7 +229,7 @@ class DynamicBatcher:
                 self._graphs_meta.update(
                     capture_s=time.perf_counter() - t0, errors=[e for e in errors if e],
                     workers_with_graphs=sum(e is None for e in errors))
-        self._pinned_allocs = [pinned_host_allocs(self.device)]
+        self._pinned_at_start = pinned_host_allocs(self.device)
         self._t0 = time.perf_counter()
         self._started_unix_s = time.time()
         self._started = True
@@ -304,8 +305,8 @@ class DynamicBatcher:
             self._fail_waiting(self.now_s())
             self._check_idle()
         await asyncio.shield(self._idle)
-        if len(self._pinned_allocs) == 1:
-            self._pinned_allocs.append(pinned_host_allocs(self.device))
+        if self._pinned_at_start is not None and self._pinned_during is None:
+            self._pinned_during = pinned_host_allocs(self.device) - self._pinned_at_start
 
     def _begin_close(self, close_s: float) -> None:
         """Accept no more requests from ``close_s`` on; ``close()`` waits for ``_idle``."""
@@ -328,8 +329,8 @@ class DynamicBatcher:
         if self._idle is None or not self._idle.done():
             raise RuntimeError("result() needs a closed batcher: await batcher.close() first")
         extra = {} if self._graphs_meta is None else {"cuda_graphs": self._graphs_meta}
-        if len(self._pinned_allocs) == 2 and None not in self._pinned_allocs:
-            extra["pinned_host_allocs"] = self._pinned_allocs[1] - self._pinned_allocs[0]
+        if self._pinned_during is not None:
+            extra["pinned_host_allocs"] = self._pinned_during
         if self.thread_cpus is not None:
             extra["thread_cpus"] = {t.name.removeprefix("batchsim-"): cpu for t, cpu
                                     in zip(self._runner.threads, self._runner.cpus, strict=True)}
