@@ -230,15 +230,15 @@ def test_the_lowest_numbered_free_worker_takes_each_batch():
 
 
 def test_expiry_is_strictly_past_timeout_ms_on_the_batchers_own_clock(monkeypatch):
-    """The batcher's clock (``perf_counter`` in its module) stands still where the test
-    sets it, so the instants are exact. Greedy, timeout 5 ms: requests arrive at 4.6,
-    4.9, 5.0 and 5.3 ms and the batch is formed at 10 ms, after waits of 5.4, 5.1, 5.0
-    and 4.7 ms: the first two expire, the one that waited exactly 5 ms and the last run."""
-    from batchsim.real import batcher as batcher_module
+    """The batcher's clock (``runners.Clock``, on ``perf_counter`` in that module) stands
+    still where the test sets it, so the instants are exact. Greedy, timeout 5 ms:
+    requests arrive at 4.6, 4.9, 5.0 and 5.3 ms and the batch is formed at 10 ms, after
+    waits of 5.4, 5.1, 5.0 and 4.7 ms: the first two expire, the one that waited exactly
+    5 ms and the last run."""
+    from batchsim.real import runners
 
     clock_s = [0.0]
-    monkeypatch.setattr(batcher_module, "time", types.SimpleNamespace(
-        perf_counter=lambda: clock_s[0], time=time.time))
+    monkeypatch.setattr(runners, "time", types.SimpleNamespace(perf_counter=lambda: clock_s[0]))
     policy = bs.BatchPolicy(8, 0.0, timeout_ms=5.0)
     xs = inputs(4)
 
@@ -792,6 +792,79 @@ def test_close_lets_the_buffers_go_without_a_garbage_collection(pipeline):
         assert staging() is None and b._runner.slots[0].staging is None
     finally:
         gc.enable()
+
+
+def test_an_unclosed_batcher_nobody_refers_to_fails_its_waiting_and_stops_its_threads(
+        pipeline):
+    """A started batcher dropped without close() (a notebook cell run again) used to keep
+    its threads, its buffers and its waiting requests for the rest of the process."""
+    import gc
+
+    async def main():
+        b = await DynamicBatcher(Affine(), bs.BatchPolicy(4, math.inf),
+                                 pipeline=pipeline).start()
+        served = await asyncio.gather(*(b.submit(x) for x in inputs(4)))   # a full batch
+        waiting = b.submit_nowait(torch.zeros(4))       # a batch that never fills
+        threads = b._runner.threads
+        with pytest.warns(ResourceWarning, match="never closed: it fails its 1 waiting"):
+            del b               # collected once its decision, due on the loop, has run
+            gc.collect()
+            with pytest.raises(BatcherClosedError, match="collected without close"):
+                await asyncio.wait_for(waiting, HANG_S)
+        return served, threads
+
+    served, threads = run(main())
+    assert torch.equal(torch.stack(served), 2 * inputs(4) + 1)
+    for thread in threads:
+        thread.join(HANG_S)
+        assert not thread.is_alive()
+
+
+def test_a_dropped_batcher_hands_back_its_batch_in_flight_before_it_stops(pipeline):
+    import gc
+    import weakref
+
+    gate = threading.Event()
+    model = Affine(gate=gate)
+
+    async def main():
+        b = await DynamicBatcher(model, bs.BatchPolicy(2, 0.0), pipeline=pipeline).start()
+        running = b.submit_nowait(torch.ones(4))
+        while not model.seen:                           # the batch is in the model
+            await asyncio.sleep(0.001)
+        threads, batcher = b._runner.threads, weakref.ref(b)
+        del b
+        gc.collect()
+        assert batcher() is not None                    # its batch in flight holds it
+        gate.set()
+        out = await asyncio.wait_for(running, HANG_S)
+        for _ in range(1000):                           # collected once the batch is back
+            gc.collect()
+            if batcher() is None:
+                break
+            await asyncio.sleep(0.01)
+        return out, threads, batcher
+
+    with pytest.warns(ResourceWarning, match="fails its 0 waiting"):
+        out, threads, batcher = run(main())
+    assert batcher() is None and torch.equal(out, torch.full((4,), 3.0))
+    for thread in threads:
+        thread.join(HANG_S)
+        assert not thread.is_alive()
+
+
+def test_a_closed_batcher_collected_says_nothing(pipeline):
+    import gc
+    import warnings
+
+    async def main():
+        async with DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0), pipeline=pipeline) as b:
+            await b.submit(torch.zeros(4))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        run(main())
+        gc.collect()
 
 
 def test_lifecycle_errors():

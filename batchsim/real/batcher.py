@@ -33,10 +33,13 @@ caller; ``result()`` then returns the run as a ``RunResult``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import heapq
 import math
 import time
+import warnings
+import weakref
 from collections import deque
 from dataclasses import replace
 
@@ -50,6 +53,7 @@ from ..policy import BatchPolicy
 from ..result import RunRecorder, RunResult
 from .models import InputSpec, model_device
 from .runners import (
+    Clock,
     CudaSteps,
     HostSteps,
     PipelineRunner,
@@ -140,9 +144,12 @@ class DynamicBatcher:
     and the model must return a new tensor for each batch (one that reuses its own
     buffer overwrites the rows handed out before). The batcher keeps a record of every
     request and batch (``result()``), some 70 bytes a request: serve one run with it,
-    not a server's lifetime. Close it (``async with``, or ``await close()``): its
-    threads and staging buffers (on CUDA, its streams and device buffers too) last
-    until it closes, even once nothing else refers to it.
+    not a server's lifetime. Close it (``async with``, or ``await close()``): until it
+    closes it holds its threads and staging buffers (on CUDA, its streams, device buffers
+    and graphs too). A started batcher that nobody refers to any more -- a notebook cell
+    run again, say -- is collected once its batches in flight have come back: it warns
+    (``ResourceWarning``), fails its waiting requests with ``BatcherClosedError`` and
+    stops its threads.
 
     Use it inside a running event loop, and submit on that loop (``submit_threadsafe``
     from other threads)::
@@ -179,7 +186,8 @@ class DynamicBatcher:
         self.input_spec = spec
         self._spec_source = "the model's input spec" if spec is not None else None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._t0 = 0.0
+        self.clock = Clock()               # seconds since start(), shared with the threads
+        self._abandoned: weakref.finalize | None = None
         self._started = False  # True once start() has returned: the clock runs
         self._started_unix_s = math.nan
         self._closed = False
@@ -214,6 +222,9 @@ class DynamicBatcher:
             raise RuntimeError("this DynamicBatcher was already started; make a new one")
         self._loop = asyncio.get_running_loop()
         self._runner = self._make_runner()
+        self._abandoned = weakref.finalize(self, _abandoned, self._runner, self._waiting,
+                                           self._loop, _name(self.model_fn))
+        self._abandoned.atexit = False    # at exit the daemon threads just end
         self._free = list(range(self.workers))
         capture = self._graphs_wanted()
         if (warmup or capture) and self.input_spec is not None:
@@ -223,6 +234,7 @@ class DynamicBatcher:
             except BaseException:  # the warm-up failed or start() was cancelled
                 self._begin_close(0.0)
                 self._idle.set_result(None)
+                self._abandoned.detach()
                 self._runner.stop(join=False)  # a hung model must not hang the loop too
                 raise
             if capture:
@@ -230,7 +242,7 @@ class DynamicBatcher:
                     capture_s=time.perf_counter() - t0, errors=[e for e in errors if e],
                     workers_with_graphs=sum(e is None for e in errors))
         self._pinned_at_start = pinned_host_allocs(self.device)
-        self._t0 = time.perf_counter()
+        self.clock.start()
         self._started_unix_s = time.time()
         self._started = True
         return self
@@ -281,7 +293,7 @@ class DynamicBatcher:
 
     def now_s(self) -> float:
         """Seconds since ``start()`` on the batcher's monotonic clock (``perf_counter``)."""
-        return time.perf_counter() - self._t0
+        return self.clock.now_s()
 
     async def close(self, drain: bool = True) -> None:
         """Stop accepting requests; finish the queued ones (``drain``) or fail them.
@@ -374,7 +386,7 @@ class DynamicBatcher:
         if (spec is None or x.shape != spec.shape or x.dtype != spec.dtype or not x.is_cpu
                 or x.layout is not torch.strided):
             self._check_input(x)
-        now = time.perf_counter() - self._t0
+        now = self.clock.now_s()
         waiting = self._waiting
         n = len(waiting)
         arrivals = self._log.arrival_s
@@ -466,6 +478,7 @@ class DynamicBatcher:
                 worker = heapq.heappop(free)
                 k = self._log.batch(ids, now, worker, trigger)
                 self._in_flight += 1
+                self._runner.holding = self
                 self._runner.put(worker, k, xs, futs)
         self._check_idle()
 
@@ -533,6 +546,7 @@ class DynamicBatcher:
                 and not self._in_flight):
             if self._timer is not None:
                 self._timer.cancel()
+            self._abandoned.detach()
             try:
                 self._runner.stop()
             finally:
@@ -548,6 +562,8 @@ class DynamicBatcher:
             self._resolve(batch, futs, outs, failed, end_s)
         finally:  # whatever a future refused, the worker must not be lost
             self._in_flight -= 1
+            if not self._in_flight:
+                self._runner.holding = None
             heapq.heappush(self._free, worker)
             self._decide()
 
@@ -569,6 +585,30 @@ class DynamicBatcher:
             if lost:
                 ids = batch[0]
                 self._log.failed.append(([ids[i] for i in lost], end_s))
+
+
+def _abandoned(runner: Runner, waiting: deque, loop: asyncio.AbstractEventLoop,
+               model: str) -> None:
+    """A started batcher collected unclosed, with no batch in flight: warn, fail its waiting
+    requests (on their loop, if it still runs) and stop its threads. It must not join
+    them: the collection may run on one of them."""
+    warnings.warn(f"a DynamicBatcher serving {model} was never closed: it fails its "
+                  f"{len(waiting)} waiting requests and stops its threads now (close it: "
+                  f"`async with DynamicBatcher(...)` or `await batcher.close()`)",
+                  ResourceWarning, stacklevel=2)
+    futs = [fut for _, _, fut, _ in waiting]
+    waiting.clear()
+
+    def fail_waiting():
+        for fut in futs:
+            if not fut.done():
+                fut.set_exception(BatcherClosedError(
+                    "the batcher was collected without close() before this request ran"))
+
+    if futs:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(fail_waiting)
+    runner.stop(join=False)
 
 
 def one_worker(model_or_batcher, policy: BatchPolicy, *, device=None,

@@ -29,6 +29,12 @@ on its stream and its device input buffer; a batch of ``n`` then runs as the sma
 bucket ``>= n`` -- the pad rows hold whatever the buffer held, are computed and dropped
 -- by one graph replay, one host call.
 
+The threads refer to their batcher only weakly (``weakref.proxy``), and keep it alive
+only while it has batches in flight (``Runner.holding``): a started batcher that its
+caller drops without closing it can be collected, and then stops its threads
+(``DynamicBatcher``'s finalizer) instead of keeping them, its buffers and, on CUDA, its
+streams and graphs for the rest of the process.
+
 A model error (or a CUDA out-of-memory error) splits the batch in halves and retries
 each, down to single requests (``Runner._serve``), so that only the inputs that cause
 an error fail. An output without one row per input (``OutputRowsError``) is the
@@ -45,6 +51,8 @@ import contextlib
 import math
 import queue
 import threading
+import time
+import weakref
 from bisect import bisect_left
 from typing import TYPE_CHECKING
 
@@ -192,10 +200,24 @@ class Slot:
         self.pool = None  # the memory pool its graphs share
 
     def release(self) -> None:
-        """Let its buffers and graphs go now: a closed batcher and its runner refer to
-        each other, so without this they would wait for a garbage collection (which
-        profiles and runs pause), holding pinned host and device memory."""
+        """Let its buffers and graphs go now: a closed batcher keeps its runner (its
+        ``result()`` reads the threads), so without this they would last as long as the
+        batcher, holding pinned host and device memory."""
         self.staging = self.device_in = self.graphs = self.pool = None
+
+
+class Clock:
+    """Seconds since a batcher's ``start()`` (``perf_counter``): one clock that the batcher
+    and its threads share, so that the threads need not refer to the batcher for it."""
+
+    def __init__(self):
+        self.t0_s = 0.0
+
+    def start(self) -> None:
+        self.t0_s = time.perf_counter()
+
+    def now_s(self) -> float:
+        return time.perf_counter() - self.t0_s
 
 
 class HostSteps:
@@ -211,7 +233,7 @@ class HostSteps:
     can_capture = False
 
     def __init__(self, batcher: DynamicBatcher):
-        self.batcher = batcher
+        self.batcher = weakref.proxy(batcher)   # see the module's docstring
         self.model_fn = batcher.model_fn
 
     def new_slot(self) -> Slot:
@@ -372,10 +394,16 @@ class Runner:
     ``steps`` say what the device does with a batch; subclasses say which threads do
     it (``_threads``, ``put``). Results go back with one ``call_soon_threadsafe`` per
     batch, with the instants the batch was picked up, staged and launched.
+
+    ``holding`` is the batcher while it has batches in flight, else None: the threads
+    refer to it only weakly, and a batch must still come back to a batcher that nobody
+    else refers to.
     """
 
     def __init__(self, batcher: DynamicBatcher, steps: HostSteps):
-        self.batcher = batcher
+        self.batcher = weakref.proxy(batcher)   # see the module's docstring
+        self.clock = batcher.clock
+        self.holding: DynamicBatcher | None = None
         self.steps = steps
         self.slots = [steps.new_slot() for _ in range(batcher.workers)]
         runs = self._threads()
@@ -470,7 +498,7 @@ class Runner:
         b = self.batcher
         try:
             b._loop.call_soon_threadsafe(b._finished, worker, k, futs, outs, failed,
-                                         b.now_s(), phases)
+                                         self.clock.now_s(), phases)
             return True
         except RuntimeError:  # the event loop is closed: nobody waits any more
             return False
@@ -496,7 +524,7 @@ class ThreadRunner(Runner):
             thread.join()
 
     def _work(self, worker: int) -> None:
-        slot, inbox, now = self.slots[worker], self.inboxes[worker], self.batcher.now_s
+        slot, inbox, now = self.slots[worker], self.inboxes[worker], self.clock.now_s
         self.steps.thread_started()
         with torch.no_grad():
             while (job := inbox.get()) is not None:
@@ -545,7 +573,7 @@ class PipelineRunner(Runner):
 
     def _stager(self, worker: int) -> None:
         slot, inbox, now, stage = (self.slots[worker], self.inboxes[worker],
-                                   self.batcher.now_s, self.steps.stage)
+                                   self.clock.now_s, self.steps.stage)
         self.steps.thread_started()
         with torch.no_grad():  # an input that requires grad cannot be stacked into a buffer
             while (job := inbox.get()) is not None:
@@ -559,7 +587,7 @@ class PipelineRunner(Runner):
                 self.to_launch.put((worker, k, xs, futs, host_in, error, picked, now()))
 
     def _launcher(self) -> None:
-        now, launch = self.batcher.now_s, self.steps.launch
+        now, launch = self.clock.now_s, self.steps.launch
         self.steps.thread_started()  # it stages warm-up and retried batches
         with torch.no_grad():
             while (job := self.to_launch.get()) is not None:
