@@ -15,7 +15,11 @@ import numpy as np
 def _real(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number, got {value!r}")
-    value = float(value) + 0.0          # -0.0 is 0.0
+    try:
+        value = float(value) + 0.0      # -0.0 is 0.0
+    except OverflowError:               # an int past the largest float
+        raise ValueError(f"{name} must be a number a float can hold, got {value!r:.40}") \
+            from None
     if math.isnan(value):
         raise ValueError(f"{name} must not be NaN, got {value!r}")
     return value

@@ -40,6 +40,19 @@ def _output_file(text: str) -> str:
     return text
 
 
+def _figure_file(text: str) -> str:
+    """An argparse type: an ``_output_file`` in a format matplotlib can save (checked
+    before a sweep or a grid runs, not after)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    text = _output_file(text)
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if Path(text).suffix.lstrip(".").lower() not in formats:
+        raise argparse.ArgumentTypeError(f"{text!r}: the figure's format comes from its "
+                                          f"suffix, one of {sorted(formats)}")
+    return text
+
+
 def _positive_int(text: str) -> int:
     """An argparse type: an integer >= 1."""
     return _int_from(text, 1)
@@ -227,7 +240,7 @@ def _args_sweep(p):
     p.add_argument("--slo-ms", type=float, default=None, help="goodput columns, SLO line")
     p.add_argument("--warmup-frac", type=float, default=0.0)
     p.add_argument("--out", type=_output_file, help="CSV file for the results (one row per run)")
-    p.add_argument("--plot", type=_output_file, help="PNG file: latency vs throughput (give "
+    p.add_argument("--plot", type=_figure_file, help="PNG file: latency vs throughput (give "
                    "several --load values for curves) and a p99 heatmap")
     p.add_argument("--no-progress", action="store_true")
 
@@ -363,7 +376,7 @@ def _args_validate(p):
                    help="write the calibrated model JSON here")
     p.add_argument("--out", type=_output_file,
                    help="CSV file for the error table (one row per configuration)")
-    p.add_argument("--plot", type=_output_file,
+    p.add_argument("--plot", type=_figure_file,
                    help="PNG file: simulated against real p50 and p99")
 
 

@@ -140,7 +140,8 @@ class RunResult:
         order = np.lexsort((-steps, times))
         times, steps = times[order], steps[order]
         n = np.cumsum(steps)
-        last = np.r_[times[1:] != times[:-1], True]
+        last = np.ones(times.size, bool)                # each instant's last step
+        last[:-1] = times[1:] != times[:-1]
         return times[last], n[last]
 
     def to_pandas(self):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from importlib import resources
@@ -506,6 +507,8 @@ def load_service(path) -> ServiceModel:
     """Read a service model saved with ``save``: a path, or the name of a shipped profile
     (a bare name such as ``"h200_encoder_bfloat16"``; a path with a folder is only a
     path). A missing or unreadable file raises ``ValueError`` naming it."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path must be a file path or a shipped profile's name, got {path!r}")
     p = Path(path)
     if not p.exists():
         shipped = resources.files("batchsim") / "data" / "profiles" / f"{p.stem}.json"

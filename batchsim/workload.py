@@ -292,7 +292,15 @@ class Trace(Workload):
     def __init__(self, times_s):
         try:
             given = np.asarray(times_s)
-            times = None if given.dtype.kind in "US" else np.array(given, dtype=float)
+        except (TypeError, ValueError):   # a ragged sequence
+            given = np.array(None)
+        if given.dtype.kind == "M":
+            raise ValueError(f"times_s must be seconds or timedeltas, got instants of "
+                             f"{given.dtype} (subtract the first: times - times[0])")
+        if given.dtype.kind == "m":       # timedeltas (pandas' times less the first): seconds
+            given = given / np.timedelta64(1, "s")
+        try:   # numbers only: booleans, complex numbers and strings are not seconds
+            times = np.array(given, dtype=float) if given.dtype.kind in "iufO" else None
         except (TypeError, ValueError):
             times = None
         if times is None or times.ndim != 1:
@@ -343,8 +351,11 @@ class Trace(Workload):
             raise ValueError(f"column must be a header name or an index, got {column!r}")
         if not Path(path).is_file():
             raise ValueError(f"path {str(path)!r} is not a file")
-        with open(Path(path), newline="") as f:
-            rows = list(csv.reader(f))
+        try:   # utf-8-sig: a spreadsheet's "CSV UTF-8" starts with a byte-order mark
+            with open(Path(path), newline="", encoding="utf-8-sig") as f:
+                rows = list(csv.reader(f))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"path {str(path)!r} is not UTF-8 text: {e}") from None
         if not rows:
             raise ValueError(f"path {str(path)!r} holds no rows")
         header, body = rows[0], rows[1:]

@@ -41,6 +41,8 @@ def test_simulate_json_matches_the_library():
     (["simulate"], "--rate"),
     (["simulate", "--rate", "100", "--profile", "/"], "path '/' is not a file"),
     (["sweep", "--rate", "100", "--plot", "/"], "argument --plot: '/' is a folder"),
+    (["sweep", "--rate", "100", "--plot", "grid.pdfz"],   # refused before the sweep runs
+     "argument --plot: 'grid.pdfz': the figure's format comes from its suffix, one of"),
     (["recommend", "--rate", "100", "--slo-ms", "5", "--out", "/no/such/folder/x.csv"],
      "folder '/no/such/folder' of '/no/such/folder/x.csv' does not exist"),
     (["profile", "--model", "mlp", "--out", "p.json", "--threads", "-1"],

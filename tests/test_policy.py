@@ -73,3 +73,10 @@ def test_trigger_batch_size_rejection_and_expiry():
     assert not rule.rejects(bs.BatchPolicy(4, 5.0), 10**9)
     quarter = bs.BatchPolicy(4, 5.0, timeout_ms=250.0)  # binary-exact instants
     assert not rule.expired(quarter, 1.0, 1.25) and rule.expired(quarter, 1.0, 1.2501)
+
+
+def test_a_wait_past_the_largest_float_is_refused_by_name():
+    """An int too large for a float raised a bare OverflowError (a traceback in the CLI)."""
+    with pytest.raises(ValueError, match="max_wait_ms must be a number a float can hold, "
+                                         "got 1000000000"):
+        bs.BatchPolicy(4, 10**400)

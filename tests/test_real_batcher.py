@@ -300,6 +300,19 @@ def test_numpy_inputs_and_outputs_that_alias_the_staging_buffer():
     assert torch.equal(torch.stack(run(main())), xs)
 
 
+def test_a_numpy_input_of_strings_or_objects_fails_at_submit_naming_its_dtype():
+    async def main():
+        async with DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0)) as b:
+            for x, dtype in ((np.array(["a", "b", "c", "d"]), "<U1"),
+                             (np.array([1, 2, 3, None], dtype=object), "object")):
+                with pytest.raises(ValueError, match=f"x must be an array of numbers, got "
+                                                     f"one of dtype {dtype}"):
+                    b.submit_nowait(x)
+        return b.result()
+
+    assert run(main()).n_requests == 0
+
+
 def test_submit_threadsafe_from_another_thread():
     async def main():
         async with DynamicBatcher(Affine(), bs.BatchPolicy(4, 1.0)) as b:

@@ -71,6 +71,8 @@ def test_a_run_without_requests_summarises_to_nothing():
     assert np.isnan(s["throughput_rps"]) and np.isnan(s["latency_ms_p50"])
     assert np.isnan(s["mean_batch_size"]) and np.isnan(s["goodput"])
     assert s["utilization_per_worker"] == [0.0, 0.0]
+    times, n = RunRecorder(np.array([]), workers=1).result().queue_length()
+    assert times.size == n.size == 0
 
 
 def test_percentiles_interpolate_linearly_between_latencies():

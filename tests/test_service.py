@@ -88,6 +88,10 @@ def test_load_service_names_a_path_it_cannot_read(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(ValueError, match="notes.txt' holds no service model JSON"):
         bs.load_service(tmp_path / "notes.txt")
+    for bad in (None, 5):
+        with pytest.raises(ValueError, match=f"path must be a file path or a shipped "
+                                             f"profile's name, got {bad}"):
+            bs.load_service(bad)
 
 
 AFFINE = {"kind": "affine", "base_ms": 1.0, "per_item_ms": 0.1}

@@ -116,6 +116,11 @@ def test_with_rate_rescales_the_mean_rate(workload):
     (lambda: bs.Trace("0.5"), "times_s must be a one-dimensional sequence of numbers"),
     (lambda: bs.Trace(["0.1", "0.2"]), "times_s must be a one-dimensional sequence of numbers"),
     (lambda: bs.Trace.from_csv(123), "path must be a file path, got 123"),
+    (lambda: bs.Trace([True, True]), "times_s must be a one-dimensional sequence of numbers"),
+    (lambda: bs.Trace([0.1 + 1j]), "times_s must be a one-dimensional sequence of numbers"),
+    (lambda: bs.Trace(np.array(["2024-01-01T00:00:00.001"], "datetime64[ms]")),
+     r"times_s must be seconds or timedeltas, got instants of datetime64\[ms\] "
+     r"\(subtract the first"),
     (lambda: bs.Trace([[0.1, 0.2], [0.3, 0.4]]), "one-dimensional"),
     (lambda: bs.Poisson(10.0).arrivals_s(0, rng()), "n_requests"),
     (lambda: bs.Trace([0.1, 0.2]).arrivals_s(3), "n_requests"),
@@ -159,6 +164,30 @@ def test_trace_keeps_times_and_reads_csv(tmp_path):
         bs.Trace.from_csv(with_header, 1.0)
     with pytest.raises(ValueError, match=f"path {str(tmp_path / 'no.csv')!r} is not a file"):
         bs.Trace.from_csv(tmp_path / "no.csv")
+
+
+def test_a_trace_of_timedeltas_is_in_seconds_whatever_their_unit():
+    """numpy's timedeltas (and pandas' times less the first) were read as their raw
+    counts: 1 ms as 1 s."""
+    np.testing.assert_array_equal(bs.Trace(np.array([0, 1, 250], "timedelta64[ms]")).times_s,
+                                  [0.0, 0.001, 0.25])
+    np.testing.assert_array_equal(bs.Trace(np.array([3, 1500], "timedelta64[us]")).times_s,
+                                  [3e-6, 1.5e-3])
+
+
+def test_a_csv_saved_with_a_byte_order_mark_loses_no_arrival(tmp_path):
+    """A spreadsheet's "CSV UTF-8" starts with a byte-order mark: the first time, unread
+    as a number, was taken for a header and lost, and a header's first name not found."""
+    bare = tmp_path / "bare.csv"
+    bare.write_bytes(b"\xef\xbb\xbf0.1\n0.2\n0.3\n")
+    np.testing.assert_array_equal(bs.Trace.from_csv(bare).times_s, [0.1, 0.2, 0.3])
+    named = tmp_path / "named.csv"
+    named.write_bytes(b"\xef\xbb\xbft\n0.1\n0.2\n")
+    np.testing.assert_array_equal(bs.Trace.from_csv(named, "t").times_s, [0.1, 0.2])
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(b"t\xe9\n0.1\n")
+    with pytest.raises(ValueError, match=f"path {str(latin)!r} is not UTF-8 text"):
+        bs.Trace.from_csv(latin)
 
 
 def test_ramp_mean_rate_is_the_mean_over_the_ramp():

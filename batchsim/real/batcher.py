@@ -426,7 +426,11 @@ class DynamicBatcher:
         if isinstance(x, torch.Tensor):
             return x
         if isinstance(x, np.ndarray):
-            return torch.from_numpy(x)
+            try:
+                return torch.from_numpy(x)
+            except TypeError:   # strings, objects: no tensor holds them
+                raise ValueError(f"x must be an array of numbers, got one of dtype "
+                                 f"{x.dtype}") from None
         raise ValueError(f"x must be a torch.Tensor or numpy array, got {type(x).__name__}")
 
     def _check_input(self, x) -> None:
