@@ -12,7 +12,7 @@ import os
 from . import theory
 from .plan import Recommendation, recommend
 from .policy import BatchPolicy
-from .result import COMPLETED, EXPIRED, REJECTED, RunResult
+from .result import COMPLETED, EXPIRED, FAILED, REJECTED, RunResult
 from .service import (
     AffineService,
     BatcherCosts,
@@ -45,7 +45,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "BatchPolicy", "RunResult", "COMPLETED", "REJECTED", "EXPIRED",
+    "BatchPolicy", "RunResult", "COMPLETED", "REJECTED", "EXPIRED", "FAILED",
     "AffineService", "ProfileService", "load_service", "shipped_profiles",
     "CalibratedService", "BatcherCosts", "calibrate", "compare",
     "simulate", "Workload", "Poisson", "Constant", "Gamma", "Bursty", "Ramp", "Diurnal",

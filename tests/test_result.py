@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import batchsim as bs
 from batchsim.policy import SIZE, TIMEOUT
 from batchsim.result import COMPLETED, EXPIRED, REJECTED, RunRecorder
 
@@ -124,3 +125,11 @@ def test_a_request_rejected_after_the_last_finish_ends_the_window():
     assert s["throughput_rps"] == pytest.approx(2 / 1.0)
     assert s["utilization"] == pytest.approx(0.3 / 1.0)
     assert s["n_rejected"] == 1
+
+
+def test_every_status_code_is_exported_under_its_name():
+    """``bs.FAILED`` (a real run's failed requests) was missing beside the other three."""
+    from batchsim.result import STATUS_NAMES
+
+    codes = [bs.COMPLETED, bs.REJECTED, bs.EXPIRED, bs.FAILED]
+    assert [STATUS_NAMES[c] for c in codes] == ["completed", "rejected", "expired", "failed"]
