@@ -313,6 +313,24 @@ def test_a_numpy_input_of_strings_or_objects_fails_at_submit_naming_its_dtype():
     assert run(main()).n_requests == 0
 
 
+def test_a_max_batch_size_too_large_to_stage_fails_its_requests_saying_why(pipeline):
+    """A simulation takes a huge max_batch_size as "no cap"; the batcher stacks batches in
+    a buffer of that many rows, and its requests failed with a bare allocator error."""
+    async def main():
+        async with DynamicBatcher(Affine(), bs.BatchPolicy(10**12, 0.0),
+                                  pipeline=pipeline) as b:
+            outs = await asyncio.gather(*(b.submit(x) for x in inputs(3)),
+                                        return_exceptions=True)
+        return outs, b.result()
+
+    outs, res = run(main())
+    for out in outs:
+        assert isinstance(out, RuntimeError)
+        assert re.match(r"no staging buffer for max_batch_size=1000000000000 inputs of \(4,\) "
+                        r"torch.float32 \(14,901.2 GiB\)", str(out)), out
+    assert res.status.tolist() == [FAILED] * 3
+
+
 def test_submit_threadsafe_from_another_thread():
     async def main():
         async with DynamicBatcher(Affine(), bs.BatchPolicy(4, 1.0)) as b:

@@ -253,7 +253,14 @@ class HostSteps:
     def allocate(self, slot: Slot) -> None:
         b = self.batcher
         shape = (b.policy.max_batch_size, *b.input_spec.shape)
-        slot.staging = torch.empty(shape, dtype=b.input_spec.dtype, pin_memory=self.pinned)
+        try:
+            slot.staging = torch.empty(shape, dtype=b.input_spec.dtype, pin_memory=self.pinned)
+        except RuntimeError as e:   # a max_batch_size meant as "no cap", as in a simulation
+            gib = math.prod(shape) * b.input_spec.dtype.itemsize / 2**30
+            raise RuntimeError(f"no staging buffer for max_batch_size={shape[0]} inputs of "
+                               f"{tuple(b.input_spec.shape)} {b.input_spec.dtype} "
+                               f"({gib:,.1f} GiB): the batcher stacks a batch in a buffer "
+                               f"of max_batch_size rows, made once ({e})") from e
 
     def graph_input(self, slot: Slot) -> torch.Tensor:
         """The buffer a batch's model input is a view of (what graphs are captured on)."""
