@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
@@ -104,8 +105,8 @@ class ProfileService(ServiceModel):
     metadata: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        sizes = [_check.positive_int("batch_sizes", b)
-                 for b in np.atleast_1d(self.batch_sizes).tolist()]
+        sizes = [_check.positive_int("batch_sizes", b)   # as given: True is not a size
+                 for b in np.atleast_1d(np.asarray(self.batch_sizes, dtype=object)).tolist()]
         times = [_check.positive("times_ms", t)
                  for t in _numbers("times_ms", self.times_ms).tolist()]
         if not sizes:
@@ -455,8 +456,11 @@ def quantile_at(q, p):
 def _numbers(name: str, values) -> np.ndarray:
     """``values`` (numbers, or one number) as a flat array of floats (the checks of their
     order and range are the caller's); else a ``ValueError`` naming ``name``."""
-    try:
-        q = np.asarray(values, float)
+    try:   # numbers only: booleans, strings and None (which numpy reads as NaN) are not
+        given = np.asarray(values)
+        numeric = (given.dtype.kind in "iuf" or given.dtype.kind == "O" and all(
+            isinstance(v, numbers.Real) and not isinstance(v, bool) for v in given.ravel()))
+        q = given.astype(float) if numeric else None
     except (TypeError, ValueError):
         q = None
     if q is None or q.ndim > 1:

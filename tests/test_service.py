@@ -65,6 +65,11 @@ def test_json_round_trip_keeps_metadata(tmp_path):
     (lambda: bs.ProfileService([0, 2], [1.0, 2.0]), "batch_sizes"),
     (lambda: bs.ProfileService([1, 2], [1.0]), "times_ms"),
     (lambda: bs.ProfileService([1, 2], [1.0, -2.0]), "times_ms"),
+    (lambda: bs.ProfileService([1], None), "times_ms must be a sequence of numbers, got None"),
+    (lambda: bs.ProfileService([1, 2], ["1", "2"]), "times_ms must be a sequence of numbers"),
+    (lambda: bs.ProfileService([1, 2], [True, True]), "times_ms must be a sequence of numbers"),
+    (lambda: bs.ProfileService([True, 2], [1.0, 2.0]), "batch_sizes must be an integer >= 1, "
+                                                       "got True"),
     (lambda: bs.AffineService(1.0, 0.1).capacity_rps(0), "max_batch_size"),
     (lambda: bs.load_service("no-such-profile"), "path"),
     (lambda: service_from_dict({"kind": "affine", "base_ms": 1.0}),
