@@ -25,6 +25,18 @@ def _real(name: str, value) -> float:
     return value
 
 
+def float_array(values) -> np.ndarray | None:
+    """``values`` as a new array of floats if they are numbers, else None: booleans,
+    strings and None (which numpy would read as NaN) are not."""
+    try:
+        given = np.asarray(values)
+        numeric = given.dtype.kind in "iuf" or given.dtype.kind == "O" and all(
+            isinstance(v, numbers.Real) and not isinstance(v, bool) for v in given.ravel())
+        return given.astype(float) if numeric else None
+    except (TypeError, ValueError):   # a ragged sequence, or a number no float holds
+        return None
+
+
 def positive(name: str, value, *, allow_inf: bool = False) -> float:
     """``value`` as a float > 0 (finite unless ``allow_inf``)."""
     v = _real(name, value)

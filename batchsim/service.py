@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import os
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
@@ -456,13 +455,7 @@ def quantile_at(q, p):
 def _numbers(name: str, values) -> np.ndarray:
     """``values`` (numbers, or one number) as a flat array of floats (the checks of their
     order and range are the caller's); else a ``ValueError`` naming ``name``."""
-    try:   # numbers only: booleans, strings and None (which numpy reads as NaN) are not
-        given = np.asarray(values)
-        numeric = (given.dtype.kind in "iuf" or given.dtype.kind == "O" and all(
-            isinstance(v, numbers.Real) and not isinstance(v, bool) for v in given.ravel()))
-        q = given.astype(float) if numeric else None
-    except (TypeError, ValueError):
-        q = None
+    q = _check.float_array(values)
     if q is None or q.ndim > 1:
         raise ValueError(f"{name} must be a sequence of numbers, got {values!r}")
     return q.ravel()

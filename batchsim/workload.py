@@ -299,10 +299,7 @@ class Trace(Workload):
                              f"{given.dtype} (subtract the first: times - times[0])")
         if given.dtype.kind == "m":       # timedeltas (pandas' times less the first): seconds
             given = given / np.timedelta64(1, "s")
-        try:   # numbers only: booleans, complex numbers and strings are not seconds
-            times = np.array(given, dtype=float) if given.dtype.kind in "iufO" else None
-        except (TypeError, ValueError):
-            times = None
+        times = _check.float_array(given)
         if times is None or times.ndim != 1:
             raise ValueError(f"times_s must be a one-dimensional sequence of numbers "
                              f"(seconds), got {times_s!r:.80}")
