@@ -1,6 +1,7 @@
 """DynamicBatcher: the rule it dispatches by, its data path and its failure semantics."""
 
 import asyncio
+import gc
 import json
 import math
 import os
@@ -11,6 +12,8 @@ import sys
 import threading
 import time
 import types
+import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -809,9 +812,6 @@ def test_close_lets_the_buffers_go_without_a_garbage_collection(pipeline):
     """A batcher and its runner refer to each other: close() drops the slots' buffers
     and graphs itself (on CUDA, pinned host and device memory; profiles pause the
     collector), rather than leaving them to the next collection."""
-    import gc
-    import weakref
-
     async def main():
         async with DynamicBatcher(Affine(), bs.BatchPolicy(4, 0.0), pipeline=pipeline) as b:
             await asyncio.gather(*(b.submit(x) for x in inputs(8)))
@@ -829,8 +829,6 @@ def test_an_unclosed_batcher_nobody_refers_to_fails_its_waiting_and_stops_its_th
         pipeline):
     """A started batcher dropped without close() (a notebook cell run again) used to keep
     its threads, its buffers and its waiting requests for the rest of the process."""
-    import gc
-
     async def main():
         b = await DynamicBatcher(Affine(), bs.BatchPolicy(4, math.inf),
                                  pipeline=pipeline).start()
@@ -852,9 +850,6 @@ def test_an_unclosed_batcher_nobody_refers_to_fails_its_waiting_and_stops_its_th
 
 
 def test_a_dropped_batcher_hands_back_its_batch_in_flight_before_it_stops(pipeline):
-    import gc
-    import weakref
-
     gate = threading.Event()
     model = Affine(gate=gate)
 
@@ -885,9 +880,6 @@ def test_a_dropped_batcher_hands_back_its_batch_in_flight_before_it_stops(pipeli
 
 
 def test_a_closed_batcher_collected_says_nothing(pipeline):
-    import gc
-    import warnings
-
     async def main():
         async with DynamicBatcher(Affine(), bs.BatchPolicy(2, 0.0), pipeline=pipeline) as b:
             await b.submit(torch.zeros(4))
