@@ -149,8 +149,25 @@ class Bursty(Workload):
         return replace(self, on_rate_rps=self.on_rate_rps * factor,
                        off_rate_rps=self.off_rate_rps * factor)
 
+    def _check_spells_for(self, n: int) -> None:
+        """Refuse spells so short, or rates so low, that ``n`` arrivals would take more
+        than ``MAX_BURSTY_SPELLS`` spells to draw (each spell costs the same, arrival or
+        not: a cycle holding a millionth of an arrival meant a run that never ended)."""
+        per_cycle = self.on_rate_rps * self.mean_on_s + self.off_rate_rps * self.mean_off_s
+        spells = 2 * n / per_cycle if per_cycle > 0 else math.inf
+        if spells > MAX_BURSTY_SPELLS:
+            raise ValueError(
+                f"{self!r} expects {per_cycle:.3g} arrivals per on/off cycle "
+                f"(on_rate_rps x mean_on_s + off_rate_rps x mean_off_s), so n_requests={n} "
+                f"would take about {spells:.3g} spells to draw, over the {MAX_BURSTY_SPELLS:.3g} "
+                f"allowed: lengthen mean_on_s or mean_off_s or raise the rates (spells far "
+                f"shorter than the gaps between arrivals average out: that is "
+                f"Poisson(rate_rps={self.rate_rps:.6g}))")
+
     def arrivals_s(self, n, rng):
-        work = _unit_poisson(_n(n), rng)
+        n = _n(n)
+        self._check_spells_for(n)
+        work = _unit_poisson(n, rng)
         on = rng.random() < self._on_share          # the state of the first spell
         out, done, spells = np.empty(work.size), 0, _SPELLS
         t0_s = w0 = 0.0
@@ -182,6 +199,9 @@ _TABLE, _NEWTON_STEPS = 4096, 3
 #: Spells ``Bursty`` draws in its first block, and at most in one (even numbers, so each
 #: block starts in the same state as the first; the draws do not depend on the blocks).
 _SPELLS, _MAX_SPELLS = 4096, 1 << 20
+#: The most spells ``Bursty`` expects to draw for one run, about ten seconds of drawing
+#: (some 40 ns a spell on a laptop core); more is refused rather than left to run.
+MAX_BURSTY_SPELLS = 1 << 28
 
 
 def _unit_poisson(n: int, rng: np.random.Generator) -> np.ndarray:

@@ -235,6 +235,33 @@ def test_bursty_starts_in_a_state_drawn_from_the_stationary_law():
     assert abs(share - 0.25) < 5 * math.sqrt(0.25 * 0.75 / runs)
 
 
+@pytest.mark.parametrize("w, says", [
+    (bs.Bursty(1e-300, 0.0, 1.0, 1.0), "expects 1e-300 arrivals per on/off cycle"),
+    (bs.Bursty(2000.0, 0.0, 1e-9, 1e-9), "n_requests=1000000 would take about 1e+12 spells"),
+    (bs.Bursty(1e-300, 1e-300, 1e-300, 1e-300), "expects 0 arrivals per on/off cycle"),
+], ids=repr)
+def test_bursty_refuses_spells_it_could_not_draw_in_time(w, says):
+    """Each spell costs a draw, arrival or not: spells holding a millionth of an arrival
+    (or rates that underflow) are refused at once, naming the parameters, instead of a
+    run that never ends (the first case looped for ever)."""
+    with pytest.raises(ValueError, match="mean_on_s or mean_off_s") as e:
+        w.arrivals_s(1_000_000, rng())
+    assert says in str(e.value)
+
+
+def test_bursty_short_spells_within_the_bound_are_drawn():
+    """A hundredth of an arrival per cycle: 1,000 arrivals take some 200,000 spells, well
+    within the bound, and come at the mean rate (Poisson in effect). Over 1,000 gaps the
+    mean gap's standard error is 1/sqrt(1000) of it (3.2%), checked within 5 SE; the same
+    spells for 10^8 arrivals (2 x 10^10 spells) are refused."""
+    w = bs.Bursty(2000.0, 0.0, 5e-6, 5e-6)
+    times = w.arrivals_s(1000, rng(3))
+    check_sorted_positive(times, 1000)
+    assert abs(times[-1] / 1000 * w.rate_rps - 1) < 5 / math.sqrt(1000)
+    with pytest.raises(ValueError, match="n_requests=100000000"):
+        w.arrivals_s(100_000_000, rng(3))
+
+
 @pytest.mark.parametrize("w", [bs.Bursty(3000.0, 50.0, 0.05, 0.1), bs.Ramp(100.0, 1000.0, 2.0),
                                bs.Diurnal(1000.0, 0.9, period_s=0.5)], ids=repr)
 def test_at_a_higher_rate_the_same_arrivals_come_earlier(w):
