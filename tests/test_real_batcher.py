@@ -26,6 +26,7 @@ from batchsim.real import (
     DynamicBatcher,
     InputSpec,
     QueueFullError,
+    RequestExpiredError,
     make_model,
     run_load,
 )
@@ -256,7 +257,10 @@ def test_expiry_is_strictly_past_timeout_ms_on_the_batchers_own_clock(monkeypatc
         return outs, b.result()
 
     outs, res = run(main())
-    assert all(isinstance(o, TimeoutError) for o in outs[:2])
+    assert all(isinstance(o, RequestExpiredError) for o in outs[:2])
+    # Still a TimeoutError for callers that catch one, and it says how long it waited.
+    assert isinstance(outs[0], TimeoutError)
+    assert "waited 5.400 ms, past its timeout of 5.0 ms" in str(outs[0])
     assert torch.equal(torch.stack(outs[2:]), 2 * xs[2:] + 1)
     assert res.status.tolist() == [EXPIRED, EXPIRED, COMPLETED, COMPLETED]
     assert res.dequeue_s.tolist() == [10e-3] * 4
@@ -610,14 +614,14 @@ def test_requests_that_wait_past_their_timeout_fail_and_never_run(per_request, p
 
     outs, b = run(main())
     assert torch.equal(outs[0], 2 * xs[0] + 1)
-    assert all(isinstance(o, TimeoutError) for o in outs[1:3])
+    assert all(isinstance(o, RequestExpiredError) for o in outs[1:3])
     rows = model.rows_seen()
     assert not any(torch.equal(r, x) for r in rows for x in xs[1:3])  # never ran
     status = b.result().status.tolist()
     if per_request:
         assert torch.equal(outs[3], 2 * xs[3] + 1) and status == [0, EXPIRED, EXPIRED, 0]
     else:
-        assert isinstance(outs[3], TimeoutError) and status == [0] + [EXPIRED] * 3
+        assert isinstance(outs[3], RequestExpiredError) and status == [0] + [EXPIRED] * 3
 
 
 @pytest.mark.parametrize("bad, says", [(-1.0, "a non-negative finite number, got -1.0"),
@@ -1208,7 +1212,7 @@ def test_stress_every_future_resolves(drain, pipeline):
 
     outs, rejected, res = run(main())
     kinds = {type(o).__name__ for o in outs}
-    assert kinds <= {"Tensor", "ArithmeticError", "TimeoutError", "CancelledError",
+    assert kinds <= {"Tensor", "ArithmeticError", "RequestExpiredError", "CancelledError",
                      "BatcherClosedError"}
     assert drain or "BatcherClosedError" in kinds
     s = res.summary()

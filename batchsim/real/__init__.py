@@ -9,7 +9,7 @@ Importing this package imports torch (``import batchsim`` alone does not); it ne
 imports SimPy.
 """
 
-from .batcher import BatcherClosedError, DynamicBatcher, QueueFullError
+from .batcher import BatcherClosedError, DynamicBatcher, QueueFullError, RequestExpiredError
 from .loadgen import run_load, run_saturated
 from .models import InputSpec, make_model
 from .naive import InferenceBatcher, batch_inference
@@ -17,7 +17,8 @@ from .profiler import profile_batcher, profile_model
 from .runners import OutputRowsError
 
 __all__ = [
-    "DynamicBatcher", "QueueFullError", "BatcherClosedError", "InferenceBatcher",
+    "DynamicBatcher", "QueueFullError", "BatcherClosedError", "RequestExpiredError",
+    "InferenceBatcher",
     "batch_inference", "InputSpec", "make_model", "run_load", "run_saturated",
     "profile_model", "profile_batcher", "OutputRowsError",
 ]

@@ -26,8 +26,8 @@ Failures stay with the requests that cause them: a model exception (or a CUDA
 out-of-memory error) splits the batch in halves and retries each, down to single
 requests; an output without one row per input fails its whole batch at once. Every
 request ends exactly one way: a result, or an exception (its own model error,
-``TimeoutError``, ``QueueFullError``, ``BatcherClosedError``), or cancellation by its
-caller; ``result()`` then returns the run as a ``RunResult``.
+``RequestExpiredError``, ``QueueFullError``, ``BatcherClosedError``), or cancellation by
+its caller; ``result()`` then returns the run as a ``RunResult``.
 """
 
 from __future__ import annotations
@@ -72,6 +72,14 @@ class QueueFullError(RuntimeError):
 
 class BatcherClosedError(RuntimeError):
     """The batcher is closed (or closed without draining before this request ran)."""
+
+
+class RequestExpiredError(TimeoutError):
+    """The request waited past its ``timeout_ms`` before its batch was formed: it never ran.
+
+    A ``TimeoutError``, as callers that catch one expect, but its own class, so that a
+    caller's ``asyncio.wait_for`` giving up (also a ``TimeoutError``) tells apart from it.
+    """
 
 
 class RunLog:
@@ -369,8 +377,8 @@ class DynamicBatcher:
         for them at every arrival to a full queue cost up to 0.2 ms an arrival with
         10,000 waiting. ``timeout_ms`` overrides the policy's ``timeout_ms`` for this
         request: if it has waited longer when its batch is formed, its future fails with
-        ``TimeoutError`` and it never runs (by the rule, expiry is checked when a batch
-        is formed, so that is when the error comes).
+        ``RequestExpiredError`` (a ``TimeoutError``) and it never runs (by the rule, expiry
+        is checked when a batch is formed, so that is when the error comes).
         """
         if self._closed or not self._started:
             raise self._not_open()
@@ -527,7 +535,7 @@ class DynamicBatcher:
         arrival_s = self._log.arrival_s[rid]
         if pol is not None and rule.expired(pol, arrival_s, now_s):
             self._log.expired.append(([rid], now_s))
-            fut.set_exception(TimeoutError(
+            fut.set_exception(RequestExpiredError(
                 f"request waited {1000 * (now_s - arrival_s):.3f} ms, past its timeout of "
                 f"{pol.timeout_ms} ms, before its batch was formed; it never ran"))
             return True
