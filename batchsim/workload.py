@@ -122,7 +122,9 @@ class Bursty(Workload):
     The source alternates between an *on* state (Poisson at ``on_rate_rps``) and an
     *off* state (Poisson at ``off_rate_rps``, possibly 0), staying in each for an
     exponential time with mean ``mean_on_s`` / ``mean_off_s``. It starts in a state
-    drawn from the stationary distribution.
+    drawn from the stationary distribution. Each spell costs a draw, arrival or not, so
+    ``arrivals_s`` refuses (``ValueError``) a run that would take over
+    ``MAX_BURSTY_SPELLS`` of them: spells holding a tiny fraction of an arrival each.
     """
 
     on_rate_rps: float
@@ -160,9 +162,10 @@ class Bursty(Workload):
                 f"{self!r} expects {per_cycle:.3g} arrivals per on/off cycle "
                 f"(on_rate_rps x mean_on_s + off_rate_rps x mean_off_s), so n_requests={n} "
                 f"would take about {spells:.3g} spells to draw, over the {MAX_BURSTY_SPELLS:.3g} "
-                f"allowed: lengthen mean_on_s or mean_off_s or raise the rates (spells far "
-                f"shorter than the gaps between arrivals average out: that is "
-                f"Poisson(rate_rps={self.rate_rps:.6g}))")
+                f"allowed: raise the arrivals per cycle (a longer spell at a rate above 0, "
+                f"or a higher rate; with_rate to a low load scales the rates down too). "
+                f"Spells far shorter than the gaps between arrivals average out: that is "
+                f"Poisson(rate_rps={self.rate_rps:.6g})")
 
     def arrivals_s(self, n, rng):
         n = _n(n)

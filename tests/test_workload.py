@@ -244,7 +244,7 @@ def test_bursty_refuses_spells_it_could_not_draw_in_time(w, says):
     """Each spell costs a draw, arrival or not: spells holding a millionth of an arrival
     (or rates that underflow) are refused at once, naming the parameters, instead of a
     run that never ends (the first case looped for ever)."""
-    with pytest.raises(ValueError, match="mean_on_s or mean_off_s") as e:
+    with pytest.raises(ValueError, match="raise the arrivals per cycle") as e:
         w.arrivals_s(1_000_000, rng())
     assert says in str(e.value)
 
