@@ -155,7 +155,7 @@ class Bursty(Workload):
         """Refuse spells so short, or rates so low, that ``n`` arrivals would take more
         than ``MAX_BURSTY_SPELLS`` spells to draw (each spell costs the same, arrival or
         not: a cycle holding a millionth of an arrival meant a run that never ended)."""
-        per_cycle = self.on_rate_rps * self.mean_on_s + self.off_rate_rps * self.mean_off_s
+        per_cycle = self.rate_rps * (self.mean_on_s + self.mean_off_s)   # arrivals a cycle
         spells = 2 * n / per_cycle if per_cycle > 0 else math.inf
         if spells > MAX_BURSTY_SPELLS:
             raise ValueError(

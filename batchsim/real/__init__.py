@@ -18,7 +18,6 @@ from .runners import OutputRowsError
 
 __all__ = [
     "DynamicBatcher", "QueueFullError", "BatcherClosedError", "RequestExpiredError",
-    "InferenceBatcher",
-    "batch_inference", "InputSpec", "make_model", "run_load", "run_saturated",
+    "InferenceBatcher", "batch_inference", "InputSpec", "make_model", "run_load", "run_saturated",
     "profile_model", "profile_batcher", "OutputRowsError",
 ]
