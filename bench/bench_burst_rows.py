@@ -45,12 +45,11 @@ STEP = 1.01
 
 def big_releases_us(res, max_batch_size: int) -> np.ndarray:
     """Gaps (us) from the end of each big batch of ``res`` whose successor was due to
-    the successor's start."""
-    from batchsim.calibrate import _due_s
+    the successor's start: the releases ``calibrate`` measures, of big batches."""
+    from batchsim.calibrate import _releases
 
-    due_s = _due_s(res)
-    k = np.flatnonzero((due_s[1:] <= res.end_s[:-1]) & (res.size[:-1] >= BIG * max_batch_size))
-    return 1e6 * (res.start_s[k + 1] - res.end_s[k])
+    sizes, gaps_ms = _releases([res])
+    return 1e3 * gaps_ms[sizes >= BIG * max_batch_size]
 
 
 def full_turn_share(res) -> float:
@@ -70,7 +69,6 @@ def analyze(saved: dict, arrival_set: str) -> dict:
     """Per grid: the release at max_batch_size (table, held, real) and each big row."""
     from batchsim.calibrate import at_speed, refit, worker_time_ratio
     from batchsim.fidelity import simulate_schedule
-    from batchsim.service import _piecewise_linear
 
     poisson = [r for r in saved["calibration_runs"] if r.meta["workload"].startswith("Poisson")]
     service = refit(saved["service"], poisson)
@@ -79,8 +77,7 @@ def analyze(saved: dict, arrival_set: str) -> dict:
     max_b = max(run["policy"].max_batch_size for run in runs)
     real_release = np.concatenate([big_releases_us(run["real"], max_b) for run in runs])
     out = {"max_batch_size": max_b,
-           "release_table_us": 1e3 * float(_piecewise_linear(max_b, costs.release_sizes,
-                                                             costs.release_table_ms)),
+           "release_table_us": 1e6 * float(costs.release_s(max_b)),
            "release_held_us": 1e3 * float(np.interp(max_b, costs.release_sizes,
                                                     costs.release_table_ms)),
            "release_table_last_size": costs.release_sizes[-1],
