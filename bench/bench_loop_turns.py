@@ -26,7 +26,17 @@ saved calibration) on the same schedules:
   send of a turn of ``max_burst`` to the next turn, with a request already due (the
   generator yielded and goes on), when no batch ended in between and when one did
   (``chain_rounds_batch_end``, how many); NaN where none. On one core, a generator that
-  is behind may not get the loop back until the running batch ends.
+  is behind may not get the loop back until the running batch ends;
+* ``busy_wake_share``: of the loop's sleeps begun during a batch whose timer fires at
+  least ``BUSY_MARGIN_US`` before the batch's end (the fire as the saved calibration's
+  timer model reads it, the sleep begun one linger after the turn's last send; how
+  many: ``busy_wakes``), the share after which the next turn came before that end;
+  ``busy_wake_late_us``, the median time from the fire to that turn. The simulated loop
+  always wakes at its timer (the turn comes one reaction after the fire). On one CPU
+  the real loop woke before the batch's end after 0-71% (median 42%) of such sleeps in
+  the arrival sets of the tiny CNN's and encoder's grids of trios O, N and M, a median
+  of 84-112 us after the fire; the others lasted past the batch's end. In the encoder's
+  calibration runs, after 3-9% (``bench/results/README.md``).
 
 Turns are the run's own record (``meta["turn_sizes"]``); runs saved before ``run_load``
 kept it are split where a request was not yet due when the one before it was sent, and
@@ -78,6 +88,28 @@ def chain_rounds(res, first: np.ndarray):
     return t1 - t0, ended
 
 
+#: How long before a batch's end (us) the loop's timer must fire for ``busy_wakes`` to
+#: count its sleep: the real loop's turn came about 100 us after the modelled fire.
+BUSY_MARGIN_US = 200.0
+
+
+def busy_wakes(res, first: np.ndarray, costs):
+    """For each sleep of the loop begun during a batch (after a turn, ``first`` the index
+    of each turn's first request, whose next request was not yet due at its last send)
+    whose timer fires at least ``BUSY_MARGIN_US`` before the batch's end: whether the
+    next turn came before that end, and its time after the fire (s)."""
+    a, due = res.arrival_s, due_s(res)
+    sleep_s = a[first[1:] - 1] + costs.linger_s
+    next_due_s, next_s = due[first[1:]], a[first[1:]]
+    k = np.searchsorted(res.start_s, a[first[1:] - 1], "right") - 1
+    end_s = res.end_s[np.maximum(k, 0)]
+    fire_s = np.array([costs.timer_fire_s(s, d) for s, d in zip(sleep_s, next_due_s,
+                                                                 strict=True)])
+    kept = ((k >= 0) & (sleep_s < end_s) & (next_due_s > sleep_s)
+            & (fire_s + BUSY_MARGIN_US / 1e6 <= end_s))
+    return (next_s < end_s)[kept], (next_s - fire_s)[kept]
+
+
 def turn_report(runs, timer_resolution_ms: float) -> dict:
     """The measures of the module doc over ``runs``."""
     firsts = [turn_starts(r) for r in runs]
@@ -110,6 +142,15 @@ def turn_report(runs, timer_resolution_ms: float) -> dict:
             "chain_rounds_batch_end": int(ended.sum())}
 
 
+def busy_report(runs, costs) -> dict:
+    """``busy_wakes``, ``busy_wake_share`` and ``busy_wake_late_us`` over ``runs``."""
+    woke, late_s = (np.concatenate(v) for v in zip(
+        *(busy_wakes(r, turn_starts(r), costs) for r in runs), strict=True))
+    return {"busy_wakes": int(woke.size),
+            "busy_wake_share": float(woke.mean()) if woke.size else float("nan"),
+            "busy_wake_late_us": median_us(late_s[woke])}
+
+
 def median_us(x_s: np.ndarray) -> float:
     """The median in microseconds (NaN of none)."""
     return 1e6 * float(np.median(x_s)) if x_s.size else float("nan")
@@ -126,8 +167,10 @@ def analyze(saved: dict) -> dict:
     report = {}
     for name, rows in parts.items():
         sims = [simulate_schedule(real, policy, service, seed) for real, policy, seed in rows]
-        report[name] = {"real": turn_report([real for real, _, _ in rows], g),
-                        "sim": turn_report(sims, g)}
+        sides = {"real": [real for real, _, _ in rows], "sim": sims}
+        report[name] = {side: {**turn_report(side_runs, g),
+                               **busy_report(side_runs, service.costs)}
+                        for side, side_runs in sides.items()}
     return report
 
 

@@ -10,12 +10,16 @@ from service_fakes import costly_service
 
 import batchsim as bs
 from batchsim.calibrate import SPAN_US
+from batchsim.service import BatcherCosts
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_loop_turns import (  # noqa: E402  (a script)
+    BUSY_MARGIN_US,
     after_turns,
     analyze,
+    busy_report,
+    busy_wakes,
     chain_rounds,
     linger_split_s,
     turn_report,
@@ -122,3 +126,37 @@ def test_a_grid_simulated_on_its_own_schedules_reads_the_same_as_its_real_side()
     for sides in report.values():
         assert sides["real"] == pytest.approx(sides["sim"], nan_ok=True)
         assert sides["real"]["linger_us"] == pytest.approx(20.0, abs=5.0)
+
+
+def test_the_simulated_loop_wakes_at_its_timer_while_a_batch_runs():
+    """``costly_service``'s batches of 8 last about 1.4 ms, so the loop's 1 ms timer fires
+    during some: the simulated loop always wakes then, and its turn comes one reaction
+    after the fire the bench reads from the same timer model."""
+    svc, runs = sent_runs()
+    woke, late_s = (np.concatenate(v) for v in zip(
+        *(busy_wakes(r, turn_starts(r), svc.costs) for r in runs), strict=True))
+    assert woke.size > 50 and woke.all()
+    np.testing.assert_allclose(late_s, svc.costs.react_s, rtol=0, atol=1e-12)
+
+
+def test_a_sleep_that_lasts_until_the_batch_ends_counts_as_not_woken():
+    """Batches 0-3 ms and 4-5.4 ms; timers on a 1 ms grid, 50 us late; the loop lingers
+    5 us. After the send at 0.1 ms the loop sleeps at 0.105 ms for a request due at 0.3:
+    its timer fires at 1.155 ms and the next send comes 100 us later, in the batch. After
+    that one it sleeps at 1.26 ms for 1.5: the timer fires at 2.31 ms, but the send comes
+    only after the batch's end. The sleep at 4.205 ms for 4.25 fires at 5.255 ms, within
+    ``BUSY_MARGIN_US`` of its batch's end: not counted."""
+    ms = 1e-3
+    res = SimpleNamespace(
+        arrival_s=np.array([0.1, 1.255, 3.05, 4.2, 5.5]) * ms,
+        meta={"scheduled_s": np.array([0.1, 0.3, 1.5, 4.2, 4.25]) * ms,
+              "turn_sizes": np.ones(5, int)},
+        start_s=np.array([0.0, 4.0]) * ms, end_s=np.array([3.0, 5.4]) * ms)
+    costs = BatcherCosts(timer_resolution_ms=1.0, timer_latency_ms=0.05, linger_ms=0.005)
+    assert 5.255 + BUSY_MARGIN_US / 1e3 > 5.4
+    woke, late_s = busy_wakes(res, turn_starts(res), costs)
+    assert woke.tolist() == [True, False]
+    np.testing.assert_allclose(late_s, [0.1 * ms, 0.74 * ms], rtol=1e-9)
+    report = busy_report([res], costs)
+    assert report["busy_wakes"] == 2 and report["busy_wake_share"] == 0.5
+    assert report["busy_wake_late_us"] == pytest.approx(100.0)
