@@ -19,6 +19,7 @@ from bench_burst_rows import (  # noqa: E402  (a script)
     analyze,
     big_releases_us,
     full_turn_share,
+    p50_from_schedule_s,
 )
 
 
@@ -51,6 +52,7 @@ def test_rows_made_by_the_refitted_batcher_match_it_in_every_column():
     assert report["max_batch_size"] == 8 and len(report["rows"]) == 2
     for row in report["rows"]:
         assert row["p50_err"] == pytest.approx(0, abs=1e-9)
+        assert row["p50_err_from_schedule"] == pytest.approx(0, abs=1e-9)
         real_us, sim_us = row["release_us"]
         assert real_us == pytest.approx(sim_us, rel=1e-9)
         assert row["full_turn_share"][0] == pytest.approx(row["full_turn_share"][1])
@@ -68,6 +70,7 @@ def test_a_longer_real_release_shows_beside_a_faster_simulation():
         real_us, sim_us = row["release_us"]
         assert real_us - sim_us == pytest.approx(40, abs=10)
         assert row["p50_err"] < -0.02
+        assert row["p50_err_from_schedule"] < -0.02
 
 
 def test_big_releases_are_the_gaps_after_big_batches_whose_successor_was_due():
@@ -85,3 +88,12 @@ def test_the_full_turn_share_counts_the_requests_sent_in_turns_of_max_burst():
     """Turns of 64, 3, 64 and 1 requests: 128 of the 132 went out in full turns."""
     run = SimpleNamespace(meta={"turn_sizes": np.array([64, 3, 64, 1])})
     assert full_turn_share(run) == pytest.approx(128 / 132)
+
+
+def test_the_p50_from_the_schedule_counts_the_generators_lateness():
+    """Three requests due at 0, 1 and 2 ms, sent 0.5 ms late and finished 1 ms after
+    they were sent: 1.5 ms from the schedule each (1 ms from the receipt)."""
+    due_s = np.array([0.0, 1.0, 2.0]) * 1e-3
+    res = SimpleNamespace(meta={"scheduled_s": due_s}, arrival_s=due_s + 0.5e-3,
+                          finish_s=due_s + 1.5e-3)
+    assert p50_from_schedule_s(res) == pytest.approx(1.5e-3)
