@@ -353,10 +353,11 @@ def _args_validate(p):
                    "each of the batcher's threads on one of the others, in turn (default: "
                    "the OS places them among --cpu, and may place each batcher anew)")
     p.add_argument("--keep-awake", action=argparse.BooleanOptionalAction, default=None,
-                   help="keep --cpu out of their idle state while it all runs: a "
-                   "process spins on each at the lowest priority, so that a batch after a "
-                   "pause does not wait for a virtual machine's CPU to come back (Linux; "
-                   "the default with --cpu, --no-keep-awake to let it idle)")
+                   help="keep --cpu out of their idle state while it all runs: a PM "
+                   "QoS request under which an idle CPU polls, so that a batch after a "
+                   "pause does not wait for a virtual machine's CPU to come back (Linux, "
+                   "root; the default with --cpu where it can, --no-keep-awake to let it "
+                   "idle)")
     p.add_argument("--duration-s", type=float, default=1.0, help="seconds of traffic a run")
     p.add_argument("-n", "--n-requests", type=int, default=1000, help="at least this many")
     p.add_argument("--seed", type=_seed, default=1, help="seed of the arrivals (calibration "
@@ -410,7 +411,7 @@ def _run_validate(args) -> int:
                                  "--keep-awake")
     loop_cpu, thread_cpus = split_for_threads(cpus) if args.pin_threads else (None, None)
     with awake:
-        if loop_cpu is not None:  # after the spinners start: they check the CPUs against ours
+        if loop_cpu is not None:  # after kept_awake has checked the CPUs against ours
             os.sched_setaffinity(0, {loop_cpu})
         return _validate(args, thread_cpus)
 

@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
-import sys
+import struct
 import warnings
 from collections.abc import Iterable
 from numbers import Integral
@@ -98,54 +97,53 @@ def run_on_cpus(cpus, name: str = "cpu", device=None) -> None:
     os.sched_setaffinity(0, set(chosen))
 
 
-#: The program ``kept_awake`` runs on each CPU it keeps awake: a busy loop at the lowest
-#: priority Linux has (``SCHED_IDLE``), which looks up now and then whether the process
-#: that started it is still there, and ends when it is not.
-_SPINNER = """
-import os, sys
-parent = os.getppid()
-os.sched_setaffinity(0, {int(sys.argv[1])})
-os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-while os.getppid() == parent:
-    for _ in range(100_000):
-        pass
-"""
+#: Linux's PM QoS request of how long (us, a native int) a CPU may take to come back
+#: from an idle state: 0 keeps every CPU polling when it has nothing to run. The request
+#: holds while the file stays open, and ends when it is closed, by the process's exit too.
+CPU_WAKE_LATENCY = "/dev/cpu_dma_latency"
+
+
+def can_keep_awake() -> bool:
+    """Whether this process may keep CPUs awake (write ``CPU_WAKE_LATENCY``: root)."""
+    return os.access(CPU_WAKE_LATENCY, os.W_OK)
 
 
 @contextlib.contextmanager
 def kept_awake(cpus, name: str = "cpu"):
-    """Keep ``cpus`` (one CPU number or several) out of their idle state while the block
-    runs; the block gets the spinners' processes, one per CPU.
+    """Keep ``cpus`` (one CPU number or several) out of their idle states while the block
+    runs; the block gets them, as a tuple.
 
     A real batcher leaves its CPUs idle between batches. A virtual machine's CPU
     that idles is given back to the host, and the batch that wakes it runs slower by
     an amount that changes from second to second with what the host ran meanwhile. The
     tiny CNN timed with pauses between batches (``bench/bench_keep_awake.py``), kept
     awake: 0.91x the median batch time, 0.83x the mean, half the spread of its speed
-    over 1.5 s windows. On an H200 machine, with the GPU batcher's process on six CPUs
-    kept awake, the CNN's batches lost a pattern of size and idle time together that
-    no wake-up table fits (``bench/bench_batch_residuals.py``: 3.6% against 12.8% in the
-    calibration's runs), and its rows' speeds spread half as much. Servers tuned for
-    latency keep their CPUs out of
-    idle states (``idle=poll``, C-states off); so does this, with a process that spins
-    on each CPU at ``SCHED_IDLE`` priority: it runs only when nothing else there wants
-    to, and gives the CPU up at once when something does. Separate processes, so they
-    take nobody's GIL. Linux only; a CPU this process may not run on is refused with a
-    ``ValueError`` naming ``name``.
+    over 1.5 s windows. Servers tuned for latency keep their CPUs out of idle states
+    (``idle=poll``, tuned's latency-performance profile); so does this, as tuned does:
+    a PM QoS request of no wake-up latency (``CPU_WAKE_LATENCY``), under which an idle
+    CPU polls instead of halting. Linux takes it for every CPU; ``cpus`` are the ones
+    the caller runs on, checked as ``run_on_cpus`` checks them.
+
+    Not a process spinning at idle priority on each CPU, as here before. On one CPU that
+    spinner let the event loop's timer in before a running batch's end in 36-39% of the
+    batches, against 96-100% left to idle or under the request, and the release after a
+    batch took a median 265 us against 236 (the tiny encoder's full batches of 64, a
+    timer during each: ``bench/probe_busy_timer.py``). The simulator's loop wakes at its
+    timer; with the spinner the real one mostly waited for the batch's end. Refused with
+    a ``ValueError`` naming ``name`` where a CPU is not this process's or the request
+    cannot be made (not root, not Linux).
     """
     chosen = _checked_cpus(cpus, name)
-    if not hasattr(os, "SCHED_IDLE"):
-        raise ValueError(f"{name}: keeping a CPU awake needs Linux (SCHED_IDLE), got "
-                         f"{sys.platform}")
-    spinners = []
     try:
-        for cpu in chosen:
-            spinners.append(subprocess.Popen([sys.executable, "-c", _SPINNER, str(cpu)]))
-        yield spinners
+        fd = os.open(CPU_WAKE_LATENCY, os.O_WRONLY)
+    except OSError as e:
+        raise ValueError(f"{name}: keeping CPUs {list(chosen)} awake needs write access to "
+                         f"{CPU_WAKE_LATENCY} (root, Linux), got: {e.strerror}") from None
+    try:
+        os.write(fd, struct.pack("i", 0))
+        yield chosen
     finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
+        os.close(fd)
 
 
 def awake_when_pinned(cpus, keep_awake: bool | None = None, name: str = "cpu",
@@ -154,15 +152,22 @@ def awake_when_pinned(cpus, keep_awake: bool | None = None, name: str = "cpu",
     several), ``kept_awake`` unless ``keep_awake`` is False; nothing to do without.
 
     ``keep_awake=None`` (the default of ``batchsim validate`` and ``bench_fidelity.py``)
-    keeps the given CPUs awake. In five pairs of one-CPU grids per tiny model, the grid
-    kept awake was the closer of its pair in 53 of 75 comparisons (median |error| at p50
-    and p99 on two Poisson sets, p50 on bursts), and met the p50 target on 16 of 30
-    Poisson sets against 7 (``bench/results/README.md``). ``keep_awake=True`` without a
-    CPU is refused with a ``ValueError`` naming ``flag`` and ``name``.
+    keeps the given CPUs awake where this process may (``can_keep_awake``), else leaves
+    them to idle with a ``RuntimeWarning`` that says why. In five pairs of one-CPU grids
+    per tiny model, the grid kept awake was the closer of its pair in 53 of 75
+    comparisons (median |error| at p50 and p99 on two Poisson sets, p50 on bursts), and
+    met the p50 target on 16 of 30 Poisson sets against 7 (``bench/results/README.md``).
+    ``keep_awake=True`` without a CPU is refused with a ``ValueError`` naming ``flag``
+    and ``name``, and where the CPUs cannot be kept awake, naming ``name``.
     """
     if keep_awake and cpus is None:
         raise ValueError(f"{flag} needs {name}, the CPU to keep awake, got none")
     if cpus is None or keep_awake is False:
+        return contextlib.nullcontext()
+    if keep_awake is None and not can_keep_awake():
+        warnings.warn(f"{name} {list(_checked_cpus(cpus, name))} left to idle: keeping them "
+                      f"awake needs write access to {CPU_WAKE_LATENCY} (root); {flag} False "
+                      f"says so and silences this", RuntimeWarning, stacklevel=2)
         return contextlib.nullcontext()
     return kept_awake(cpus, name)
 

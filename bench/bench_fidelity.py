@@ -116,8 +116,8 @@ def add_machine_args(p: argparse.ArgumentParser, awake_by_default: bool = False,
                             "(DynamicBatcher(thread_cpus=...)); needs two or more CPUs")
     p.add_argument("--keep-awake", action=argparse.BooleanOptionalAction,
                    default=None if awake_by_default else False,
-                   help="keep --cpu out of their idle state: a process spins on each at "
-                        "the lowest priority (batchsim.cpus.kept_awake)"
+                   help="keep --cpu out of their idle state: a PM QoS request under which "
+                        "an idle CPU polls, root only (batchsim.cpus.kept_awake)"
                         + ("; the default with --cpu" if awake_by_default else ""))
 
 
@@ -142,13 +142,13 @@ def settle_machine(args):
     except ValueError as e:
         raise SystemExit(str(e)) from None
     args.cpu = None if cpus is None else list(cpus)  # as the results file keeps it
-    spinners = _AWAKE.enter_context(awake)
-    args.keep_awake = spinners is not None  # what was done, for the results file
+    kept = _AWAKE.enter_context(awake)
+    args.keep_awake = kept is not None  # what was done, for the results file
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
     torch.set_num_threads(1)
-    if loop_cpu is not None:  # after the spinners start: they check the CPUs against ours
+    if loop_cpu is not None:  # after kept_awake has checked the CPUs against ours
         os.sched_setaffinity(0, {loop_cpu})
     return torch
 

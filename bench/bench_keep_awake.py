@@ -4,8 +4,8 @@ A served load leaves its CPU idle between batches. On a virtual machine an idle 
 back to the host, and the batch that wakes it may find its caches taken by a neighbour,
 by as much as the neighbour ran meanwhile: the time of such batches changes from second
 to second, and a simulator calibrated in one second mispredicts the next.
-``batchsim.cpus.kept_awake`` keeps the CPU busy with a spinner at the lowest
-priority instead (as ``idle=poll`` or C-states off would on a server).
+``batchsim.cpus.kept_awake`` keeps it out of its idle states instead, by a PM QoS request
+under which the idle CPU polls (as ``idle=poll`` or C-states off would on a server).
 
 This bench times the model on one CPU (``--cpu``), one batch of ``--batch`` rows at a
 time with a pause of ``--pause-us`` after each (about a third of the time idle, as a

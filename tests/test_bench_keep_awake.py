@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from batchsim.cpus import can_keep_awake
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_keep_awake import WINDOW_S, speed_spread  # noqa: E402  (a script, not a package)
@@ -27,7 +29,7 @@ def test_speed_spread_reads_each_whole_window_against_the_overall_median():
     assert s["window_p90"] == pytest.approx(np.percentile([1.0, 1.0, 1.3], 90))
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+@pytest.mark.skipif(not can_keep_awake(), reason="keeping a CPU awake needs root on Linux")
 def test_quick_run_times_both_conditions_and_writes_the_ratios(tmp_path):
     out = tmp_path / "awake.json"
     cpu = max(os.sched_getaffinity(0))
@@ -42,7 +44,7 @@ def test_quick_run_times_both_conditions_and_writes_the_ratios(tmp_path):
         spreads["awake"]["median_us"] / spreads["idle"]["median_us"])
 
 
-def test_it_refuses_to_run_without_a_cpu_or_with_the_spinner_on_throughout():
+def test_it_refuses_to_run_without_a_cpu_or_kept_awake_throughout():
     for argv in ([], ["--cpu", "0", "--keep-awake"]):
         run = subprocess.run([sys.executable, "bench/bench_keep_awake.py", *argv], cwd=ROOT,
                              capture_output=True, text=True, timeout=60,

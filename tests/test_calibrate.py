@@ -6,6 +6,7 @@ import itertools
 import math
 import os
 import re
+import struct
 import subprocess
 import sys
 import textwrap
@@ -1223,15 +1224,28 @@ def test_validate_serves_the_calibration_and_every_run_with_the_runner_asked(
         assert np.isfinite(res.meta["batch_phases_s"][:, 1]).all() == pipeline
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="CPU affinity is Linux's")
+def _no_wake_latency_held() -> bool:
+    """Whether this process may keep CPUs awake and read the request back, none of no
+    latency held by another process (a fidelity bench beside the tests)."""
+    from batchsim.cpus import CPU_WAKE_LATENCY, can_keep_awake
+
+    if not (can_keep_awake() and os.access(CPU_WAKE_LATENCY, os.R_OK)):
+        return False
+    with open(CPU_WAKE_LATENCY, "rb") as f:
+        return struct.unpack("i", f.read(4))[0] > 0
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or not _no_wake_latency_held(),
+                    reason="CPU affinity and PM QoS requests are Linux's (the latter root's), "
+                           "with none of no latency held by another process")
 @pytest.mark.parametrize("awake", [[], ["--no-keep-awake"]])
 @pytest.mark.parametrize("which", ["last", "all", "pinned"])
 def test_validate_on_given_cpus_runs_the_batcher_there(tmp_path, awake, which):
     """``--cpu``: the process is pinned before the batcher starts, so its worker runs on
-    those CPUs too (by default beside one spinner per CPU that keeps it awake; with
-    ``--no-keep-awake``, alone), given as one CPU or as a list; with ``--pin-threads``,
-    the worker on the second CPU alone. In a subprocess: pinning this one would pin the
-    rest of the tests."""
+    those CPUs too (by default with the CPUs kept awake, a PM QoS request of no wake-up
+    latency; with ``--no-keep-awake``, left to idle), given as one CPU or as a list; with
+    ``--pin-threads``, the worker on the second CPU alone. In a subprocess: pinning this
+    one would pin the rest of the tests."""
     cal = CalibratedService(bs.AffineService(0.1, 0.002), 0.05, 0.002, (0.9, 1.0, 1.3),
                             BatcherCosts(0.02, 0.02, 0.0, 1.0, 0.1))
     cal.save(tmp_path / "cal.json")
@@ -1242,31 +1256,30 @@ def test_validate_on_given_cpus_runs_the_batcher_there(tmp_path, awake, which):
         pytest.skip("--pin-threads needs two CPUs")
     pinned = ["--pin-threads"] if which == "pinned" else []
     script = textwrap.dedent("""
-        import os, sys
+        import os, struct, sys
         import batchsim.cli
+        from batchsim.cpus import CPU_WAKE_LATENCY
         from batchsim.real import models
 
-        seen, spinning, make = set(), set(), models.make_model
+        seen, awake, make = set(), set(), models.make_model
 
-        def spinners():  # this process's children at SCHED_IDLE priority
-            pid = os.getpid()
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                children = [int(c) for c in f.read().split()]
-            return [c for c in children if os.sched_getscheduler(c) == os.SCHED_IDLE]
+        def kept_awake():  # whether the CPUs may take no time to wake (PM QoS)
+            with open(CPU_WAKE_LATENCY, "rb") as f:
+                return struct.unpack("i", f.read(4))[0] == 0
 
         def spied(*args, **kwargs):  # the zoo model, noting where each batch runs
             model = make(*args, **kwargs)
             forward = model.forward
             def forward_noting_cpus(x):
                 seen.update(os.sched_getaffinity(0))
-                spinning.add(len(spinners()))
+                awake.add(kept_awake())
                 return forward(x)
             model.forward = forward_noting_cpus
             return model
 
         models.make_model = spied
         code = batchsim.cli.main(sys.argv[1:])
-        print("worker CPUs", sorted(seen), "spinner", sorted(spinning))
+        print("worker CPUs", sorted(seen), "kept awake", sorted(awake))
         sys.exit(code)
         """)
     run = subprocess.run([sys.executable, "-c", script, "validate", "--model", "tiny-mlp",
@@ -1276,7 +1289,7 @@ def test_validate_on_given_cpus_runs_the_batcher_there(tmp_path, awake, which):
                           *pinned], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     worker_cpus = cpus[1:2] if pinned else cpus
-    assert f"worker CPUs {worker_cpus} spinner [{0 if awake else len(cpus)}]" in run.stdout
+    assert f"worker CPUs {worker_cpus} kept awake [{not awake}]" in run.stdout
 
 
 @pytest.mark.parametrize("argv, match", [

@@ -3,37 +3,35 @@
 (Pinning a batcher's own threads is tested with the batcher, in test_real_batcher.py.)"""
 
 import os
+import struct
 import subprocess
 import sys
 import textwrap
-import time
 import warnings
 
 import pytest
 
 
-def _within(seconds: float, condition) -> bool:
-    """Whether ``condition()`` comes true within ``seconds`` (polled every 50 ms)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+def _wake_latency_us() -> int:
+    """The CPUs' wake-up latency Linux allows now (the tightest PM QoS request)."""
+    from batchsim.cpus import CPU_WAKE_LATENCY
+
+    with open(CPU_WAKE_LATENCY, "rb") as f:
+        return struct.unpack("i", f.read(4))[0]
 
 
-def _scheduling(pid: int) -> tuple[bool, list[int]]:
-    """Whether a process runs at ``SCHED_IDLE`` priority, and the CPUs it may run on."""
-    return os.sched_getscheduler(pid) == os.SCHED_IDLE, sorted(os.sched_getaffinity(pid))
+def _requests_allowed() -> bool:
+    """Whether this process may make PM QoS requests and read them back, with no other
+    process holding one of no latency (a fidelity bench running beside the tests)."""
+    from batchsim.cpus import CPU_WAKE_LATENCY, can_keep_awake
+
+    return (can_keep_awake() and os.access(CPU_WAKE_LATENCY, os.R_OK)
+            and _wake_latency_us() > 0)
 
 
-def _ended(pid: int) -> bool:
-    """Whether process ``pid`` is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+needs_requests = pytest.mark.skipif(not _requests_allowed(),
+                                    reason="PM QoS requests need root on Linux, and none "
+                                           "of no latency held by another process")
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
@@ -70,40 +68,65 @@ def test_cpu_list_refuses_anything_else_naming_the_flag(text):
         cpu_list(text, "--cpu")
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+@needs_requests
 @pytest.mark.parametrize("which", ["last", "all"])
-def test_kept_awake_spins_at_idle_priority_on_each_cpu_until_the_block_ends(which):
+def test_kept_awake_asks_for_no_wake_up_latency_until_the_block_ends(which):
     from batchsim.cpus import kept_awake
 
     ours = os.sched_getaffinity(0)
+    before = _wake_latency_us()
     cpus = sorted(ours)[-1:] if which == "last" else sorted(ours)
-    with kept_awake(cpus[0] if which == "last" else cpus) as spinners:
-        # each spinner pins itself to its CPU and lowers its class as it starts
-        assert len(spinners) == len(cpus)
-        for spinner, cpu in zip(spinners, cpus, strict=True):
-            assert _within(10.0, lambda s=spinner, c=cpu: _scheduling(s.pid) == (True, [c]))
-            assert spinner.poll() is None
-    assert all(spinner.poll() is not None for spinner in spinners)
+    with kept_awake(cpus[0] if which == "last" else cpus) as kept:
+        assert kept == tuple(cpus)
+        assert _wake_latency_us() == 0
+    assert _wake_latency_us() == before
     assert os.sched_getaffinity(0) == ours        # this process stays where it was
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
-def test_kept_awake_spinner_ends_when_its_process_dies_without_closing_it():
-    """A bench killed mid-grid must not leave a CPU spinning: the spinner notices that
-    the process that started it is gone."""
-    cpu = max(os.sched_getaffinity(0))
+@needs_requests
+def test_kept_awake_ends_when_its_process_dies_without_closing_it():
+    """A bench killed mid-grid must not leave the CPUs polling: Linux drops the request
+    with the process's open files."""
+    before = _wake_latency_us()
     script = textwrap.dedent(f"""
-        import os
-        from batchsim.cpus import kept_awake
-        spinner, = kept_awake({cpu}).__enter__()
-        print(spinner.pid, flush=True)
+        import os, struct
+        from batchsim.cpus import CPU_WAKE_LATENCY, kept_awake
+        kept = kept_awake({max(os.sched_getaffinity(0))})   # held: no clean-up runs
+        kept.__enter__()
+        with open(CPU_WAKE_LATENCY, "rb") as f:
+            print(struct.unpack("i", f.read(4))[0], flush=True)
         os._exit(0)                     # no clean-up, as if killed
         """)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=60)
     assert run.returncode == 0, run.stderr
-    pid = int(run.stdout.split()[0])
-    assert _within(10.0, lambda: _ended(pid))
+    assert int(run.stdout.split()[0]) == 0
+    assert _wake_latency_us() == before
+
+
+def test_where_no_request_can_be_made_keeping_awake_is_refused_or_skipped(monkeypatch):
+    """No access to the request (not root, not Linux): ``kept_awake`` and ``keep_awake``
+    True are refused naming the flag's CPUs, the default leaves the CPUs to idle with a
+    warning that says why, and False stays silent."""
+    import batchsim.cpus as cpus_mod
+
+    monkeypatch.setattr(cpus_mod, "CPU_WAKE_LATENCY", "/nonexistent/cpu_dma_latency")
+    cpu = max(os.sched_getaffinity(0))
+    with pytest.raises(ValueError, match=rf"--cpu: keeping CPUs \[{cpu}\] awake needs write "
+                                         r"access to /nonexistent/cpu_dma_latency"):
+        with cpus_mod.kept_awake(cpu, "--cpu"):
+            pass
+    with pytest.raises(ValueError, match="keeping CPUs .* awake needs write access"):
+        with cpus_mod.awake_when_pinned(cpu, True, "--cpu", "--keep-awake"):
+            pass
+    with pytest.warns(RuntimeWarning, match=rf"--cpu \[{cpu}\] left to idle: keeping them "
+                                            r"awake needs write access .* --keep-awake False"):
+        with cpus_mod.awake_when_pinned(cpu, None, "--cpu", "--keep-awake") as kept:
+            assert kept is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with cpus_mod.awake_when_pinned(cpu, False, "--cpu", "--keep-awake") as kept:
+            assert kept is None
 
 
 @pytest.mark.parametrize("cpus, shown", [(4096, "4096"), (-1, "-1"), ([0, 4096], r"\[0, 4096\]"),
@@ -121,20 +144,21 @@ def test_kept_awake_and_pinning_refuse_a_cpu_this_process_may_not_use(cpus, show
     assert os.sched_getaffinity(0) == ours
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+@needs_requests
 def test_a_pinned_check_keeps_its_cpu_awake_unless_told_not_to():
     """``awake_when_pinned``: a given CPU is kept awake by default and with True; False,
     or no CPU, leaves the machine as it is; True without a CPU is refused."""
     from batchsim.cpus import awake_when_pinned
 
     cpu = max(os.sched_getaffinity(0))
+    before = _wake_latency_us()
     for keep_awake in (None, True):
-        with awake_when_pinned(cpu, keep_awake) as (spinner,):
-            assert _within(10.0, lambda: _scheduling(spinner.pid) == (True, [cpu]))
-        assert spinner.poll() is not None
+        with awake_when_pinned(cpu, keep_awake) as kept:
+            assert kept == (cpu,) and _wake_latency_us() == 0
+        assert _wake_latency_us() == before
     for cpu_given, keep_awake in ((cpu, False), (None, None), (None, False)):
-        with awake_when_pinned(cpu_given, keep_awake) as spinners:
-            assert spinners is None
+        with awake_when_pinned(cpu_given, keep_awake) as kept:
+            assert kept is None and _wake_latency_us() == before
     with pytest.raises(ValueError, match="--keep-awake needs --cpu, the CPU to keep awake"):
         awake_when_pinned(None, True, "--cpu", "--keep-awake")
 
