@@ -13,7 +13,8 @@ serving ``model`` and returns a ``CalibratedService`` that ``simulate`` accepts:
   batch: the worker's cost around the model per batch and per request, the slower start
   of a worker that went without a batch (a table over the time since its previous
   batch ended), the delay each request sent during a batch causes it (the event loop's
-  work for it needs the GIL) and the first one's more (the loop's turn that sends), the
+  work for it needs the GIL) and the first one's more (the loop's turn that sends), a
+  later turn's own delay (its requests then cost the loop's work per send), the
   spread of it all; the release (from a batch's end to its worker taking the next,
   which was already due), a table by batch size, and its spread; the reaction (from an
   arrival to the batch it starts on an idle worker);
@@ -203,9 +204,10 @@ def _fitted(s_b: ServiceModel, measured: list, timer: BatcherCosts,
         # cut on both sides dropped: the simulated release came out ~2 us too long.
         kept = _within(deviation_ms) | (deviation_ms < np.median(deviation_ms))
         spread_ms = tuple(np.quantile(deviation_ms[kept], np.linspace(0, 1, N_QUANTILES)))
-    worker = _worker_fit(measured, s_b)
+    turn_times = _turn_times(measured, react_ms)
+    worker = _worker_fit(measured, s_b, send_ms=turn_times.get("send_ms"))
     costs = BatcherCosts(react_ms, linger_ms=_linger_ms(measured, timer.timer_resolution_ms),
-                         **_turn_times(measured, react_ms),
+                         **turn_times, turn_ms=worker["turn_ms"],
                          timer_resolution_ms=timer.timer_resolution_ms,
                          timer_latency_ms=timer.timer_latency_ms,
                          arrival_ms=worker["arrival_ms"], idle_ms=worker["idle_ms"],
@@ -270,23 +272,39 @@ IDLE_EDGES_MS = (0.0, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 
                  0.08, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, math.inf)
 
 
-def _worker_fit(runs, profile, min_batches: int = 10) -> dict:
+def _worker_fit(runs, profile, send_ms: float | None = None, min_batches: int = 10) -> dict:
     """The worker's time beyond the model's ``s(b)``, by regression over the batches.
 
-    ``worker - s(b) = wake(idle) + per_item * b + arrival * received + first_arrival *
-    (received > 0)``, ``received`` the requests received during it, with ``wake`` one
-    level per bin of the time its worker went without a batch (``IDLE_EDGES_MS``; bins
-    with fewer than ``min_batches`` merged into a neighbour); the least idle level is the
-    fixed cost per batch, the others' excess over it the wake-up table. The spread: each
-    batch's time over its prediction.
+    ``worker - s(b) = wake(idle) + per_item * b + arrival * first + first_arrival *
+    (received > 0) + turn * later_turns + send * later``: ``received`` the requests
+    received during it, ``first`` those of them the load generator's first turn into it
+    brought, ``later_turns`` its later turns into it and ``later`` the requests they
+    brought (``_later``); ``wake`` one level per bin of the time its worker went without
+    a batch (``IDLE_EDGES_MS``; bins with fewer than ``min_batches`` merged into a
+    neighbour); the least idle level is the fixed cost per batch, the others' excess
+    over it the wake-up table. ``send`` is not fitted: it is the loop's work per request
+    in a turn, ``send_ms`` (measured on the turns' spacing, ``_turn_times``). In the
+    calibration's runs a turn into a running batch brings one request or two, so a cost
+    per request fitted on them carries the turn's; in a burst's backlog a turn brings
+    dozens. Without ``send_ms`` or a later turn in the runs (none recorded) every request
+    received costs ``arrival`` and ``turn_ms`` is None. The spread: each batch's time
+    over its prediction.
     """
     b, worker_ms, during, idle = (np.concatenate(v) for v in zip(
         *(_batches(res) for res in runs), strict=True))
+    later_turns, later = (np.concatenate(v) for v in zip(*(_later(res) for res in runs),
+                                                         strict=True))
     y = worker_ms - profile.mean_ms(b)
     bins, levels = _merged_bins(np.digitize(idle, IDLE_EDGES_MS[1:-1]), min_batches)
     indicators = (bins[:, None] == np.array(levels)[None, :]).astype(float)
-    coef = _nonnegative_fit(np.column_stack([b, during, during > 0]), y,
-                            intercepts=indicators, groups=bins)
+    turn_ms = None
+    if send_ms is not None and later_turns.any():
+        *coef, turn_ms = _nonnegative_fit(
+            np.column_stack([b, during - later, during > 0, later_turns]),
+            y - send_ms * later, intercepts=indicators, groups=bins)
+    else:
+        coef = _nonnegative_fit(np.column_stack([b, during, during > 0]), y,
+                                intercepts=indicators, groups=bins)
     wake = np.array(coef[:len(levels)])
     per_item_ms, arrival_ms, first_arrival_ms = coef[-3:]
     # Each level stands at the median idle time of its batches (at least a nanosecond).
@@ -299,8 +317,8 @@ def _worker_fit(runs, profile, min_batches: int = 10) -> dict:
             wake_ms.append(max(float(w), 0.0))
     fitted = CalibratedService(profile, per_batch_ms, per_item_ms, costs=BatcherCosts(
         arrival_ms=arrival_ms, first_arrival_ms=first_arrival_ms, idle_ms=tuple(idle_ms),
-        wake_ms=tuple(wake_ms)))
-    predicted = _typical_ms(fitted, b, during, idle)
+        wake_ms=tuple(wake_ms), turn_ms=turn_ms, send_ms=send_ms or 0.0))
+    predicted = _typical_ms(fitted, b, during, idle, (later_turns, later))
     # The spread is the batcher's own. A batch that took over STALL_MS longer than
     # predicted (and beyond four median deviations) was stalled by the machine: a
     # neighbour took the core, the interpreter collected garbage. Such stalls come at
@@ -310,7 +328,7 @@ def _worker_fit(runs, profile, min_batches: int = 10) -> dict:
     inside = ~stalled
     span_s = sum(float(r.end_s[-1] - r.start_s[0]) for r in runs)
     return {"per_batch_ms": per_batch_ms, "per_item_ms": per_item_ms,
-            "arrival_ms": arrival_ms, "first_arrival_ms": first_arrival_ms,
+            "arrival_ms": arrival_ms, "first_arrival_ms": first_arrival_ms, "turn_ms": turn_ms,
             "idle_ms": tuple(idle_ms), "wake_ms": tuple(wake_ms),
             "jitter_quantiles": tuple(np.quantile(worker_ms[inside] / predicted[inside],
                                                   np.linspace(0, 1, N_QUANTILES))),
@@ -361,6 +379,25 @@ def _batches(res: RunResult) -> tuple[np.ndarray, ...]:
             _received_during(res)[keep], 1e3 * (res.start_s - last_end_s)[keep])
 
 
+def _later(res: RunResult) -> tuple[np.ndarray, np.ndarray]:
+    """Per batch of ``res`` that a fit reads (``_kept_batches``): the load generator's
+    turns after the first that brought it requests while it ran, and the requests those
+    later turns brought (zeros where the run recorded no turns)."""
+    during = _received_during(res)
+    turns, requests = np.zeros(during.size), np.zeros(during.size)
+    if res.meta.get("turn_sizes") is not None and len(res.meta["turn_sizes"]):
+        turn_of = _turn_of(res)
+        lo = np.searchsorted(res.arrival_s, res.start_s, "right")
+        got = np.flatnonzero(during > 0)
+        t = turn_of[lo[got]]
+        turns[got] = turn_of[lo[got] + during[got] - 1] - t
+        turn_end = np.cumsum(res.meta["turn_sizes"])       # one past each turn's last
+        first_turn = np.minimum(turn_end[t], lo[got] + during[got]) - lo[got]
+        requests[got] = during[got] - first_turn
+    keep = _kept_batches(res)
+    return turns[keep], requests[keep]
+
+
 def _kept_batches(res: RunResult) -> np.ndarray:
     """Which batches of ``res`` a fit reads: all but the first ``WARM_BATCHES`` (they
     warm the worker up) and any that never ended."""
@@ -369,13 +406,17 @@ def _kept_batches(res: RunResult) -> np.ndarray:
     return keep
 
 
-def _typical_ms(service: CalibratedService, b, during, idle_ms) -> np.ndarray:
+def _typical_ms(service: CalibratedService, b, during, idle_ms, later=None) -> np.ndarray:
     """The typical time (ms) a batch of ``b`` holds its worker, ``during`` requests
     received while it ran, ``idle_ms`` since its worker's previous batch ended: before
-    the spread."""
+    the spread. ``later``: its later turns and the requests they brought (``_later``),
+    priced by ``turn_ms`` and ``send_ms`` where the costs have a ``turn_ms``."""
     costs, during = service.costs, np.asarray(during)
+    turns, later_requests = (0, 0) if later is None or costs.turn_ms is None else later
     return (service.model.mean_ms(b) + service.per_batch_ms + service.per_item_ms * b
-            + costs.arrival_ms * during + costs.first_arrival_ms * (during > 0)
+            + costs.arrival_ms * (during - later_requests)
+            + costs.first_arrival_ms * (during > 0)
+            + (costs.turn_ms or 0.0) * turns + costs.send_ms * later_requests
             + 1e3 * np.array([costs.wake_s(t / 1e3) for t in idle_ms]))
 
 
@@ -417,7 +458,7 @@ def batch_residuals(service: CalibratedService, res: RunResult):
     if not b.size:
         raise ValueError(f"res must have more than {WARM_BATCHES} batches, got "
                          f"{res.size.size}")
-    typical_ms = _spread_median(service) * _typical_ms(service, b, during, idle)
+    typical_ms = _spread_median(service) * _typical_ms(service, b, during, idle, _later(res))
     keep = _kept_batches(res)
     start_s = res.start_s[keep]
     phases_s = (res.meta["batch_phases_s"][keep] if "batch_phases_s" in res.meta
@@ -501,6 +542,7 @@ def at_speed(service: CalibratedService, ratio: float) -> CalibratedService:
                    per_item_ms=ratio * service.per_item_ms, costs=replace(
                        costs, arrival_ms=ratio * costs.arrival_ms,
                        first_arrival_ms=ratio * costs.first_arrival_ms,
+                       turn_ms=None if costs.turn_ms is None else ratio * costs.turn_ms,
                        wake_ms=tuple(ratio * w for w in costs.wake_ms)))
 
 

@@ -149,6 +149,9 @@ def _piecewise_linear(x, xs, ys) -> np.ndarray:
 
 #: ``BatcherCosts`` fields that are tables, checked on their own.
 _TABLES = ("idle_ms", "wake_ms", "release_spread_ms", "release_sizes", "release_table_ms")
+#: ``BatcherCosts`` fields that may be None (what the engines then do instead: a reaction for
+#: the linger, ``arrival_ms`` for every request of a later turn).
+_OPTIONAL = ("linger_ms", "turn_ms")
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,14 @@ class BatcherCosts:
     takes the interpreter to gather its batch). On one CPU, over 27 grids' calibrations
     of the tiny models, the loop lingered 3.8-5.0 us (reactions: 10.3-16.4 us), sent a
     request every 0.70-1.19 us and was held 2.9-9.4 us plus 0-0.29 us per request after
-    a dispatch (``bench/results/turns_paired_cpu.json``). All zero: the ideal batcher.
+    a dispatch (``bench/results/turns_paired_cpu.json``). A later turn into a running
+    batch, after the first that brought it requests, delays it by ``turn_ms`` and each
+    request it brings by ``send_ms`` rather than ``arrival_ms``; None: every request
+    received costs ``arrival_ms``. In the calibration's runs a turn into a batch brings
+    a request or two, so ``arrival_ms`` carries a turn's cost; in a burst's backlog a turn
+    brings dozens. On one CPU the real batches of 64 cost 1.0-2.0 us per request
+    received, about ``send_ms``, where ``arrival_ms`` was up to 5.5 us
+    (``bench/results/README.md``). All zero: the ideal batcher.
     """
 
     react_ms: float = 0.0
@@ -220,10 +230,11 @@ class BatcherCosts:
     send_ms: float = 0.0
     hold_ms: float = 0.0
     hold_per_item_ms: float = 0.0
+    turn_ms: float | None = None
 
     def __post_init__(self):
         for name in self.__dataclass_fields__:
-            if name not in _TABLES and not (name == "linger_ms" and self.linger_ms is None):
+            if name not in _TABLES and not (name in _OPTIONAL and getattr(self, name) is None):
                 object.__setattr__(self, name, _check.non_negative(name, getattr(self, name)))
         self._set_table("release_sizes", "release_table_ms")
         if self.release_sizes and (self.release_ms or self.release_per_item_ms):

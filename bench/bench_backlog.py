@@ -70,7 +70,7 @@ def backlog_stats(service, res) -> dict | None:
     and before its last arrival: the service rate (requests/s), mean worker time over
     the calibration's mean typical time, and mean requests received (None if fewer than
     ``MIN_BATCHES``)."""
-    from batchsim.calibrate import _batches, _kept_batches, _typical_ms
+    from batchsim.calibrate import _batches, _kept_batches, _later, _typical_ms
 
     kept = np.flatnonzero(_kept_batches(res))
     b, worker_ms, received, idle_ms = _batches(res)
@@ -79,7 +79,8 @@ def backlog_stats(service, res) -> dict | None:
     if backlog.sum() < MIN_BATCHES:
         return None
     cycle_s = np.diff(res.start_s[kept])
-    typical_ms = _typical_ms(service, b[backlog], received[backlog], idle_ms[backlog])
+    later = tuple(x[backlog] for x in _later(res))
+    typical_ms = _typical_ms(service, b[backlog], received[backlog], idle_ms[backlog], later)
     return {"batches": int(backlog.sum()),
             "service_rps": float(b[backlog].sum() / cycle_s[backlog[:-1]].sum()),
             "time_over_typical": float(worker_ms[backlog].mean() / typical_ms.mean()),

@@ -6,7 +6,6 @@ import os
 import pickle
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,12 +23,15 @@ from bench_refit import compare_fits  # noqa: E402  (a script)
 
 def saved_runs() -> dict:
     """A ``--save-runs`` pickle made by the simulator: the "real" batcher has every cost
-    (``costly_service`` without a wake-up after idle, so that a fit can be exact), the
+    (``costly_service`` without a wake-up after idle, so that a fit can be exact, with a
+    later turn's cost; its sends take no time, so that every cost a batch carries scales
+    with the machine's speed, ``at_speed``), the
     saved calibration knew none of the worker's; six calibration runs and four rows.
-    The rows' batcher lingers after a turn as long as the calibration runs' turns say
-    (a split midway between the delays either side, not exactly the truth's reaction),
-    so that a refit is that batcher exactly."""
-    truth = costly_service(idle_ms=(), wake_ms=())
+    The rows' batcher is the refit of the calibration runs itself: it lingers after a
+    turn as long as their turns say (a split midway between the delays either side, not
+    exactly the truth's reaction), and its costs are the truth's to rounding (1e-14 ms),
+    which a near-tie between a batch's end and a turn would otherwise carry into a row."""
+    truth = costly_service(idle_ms=(), wake_ms=(), turn_ms=0.004)
     naive = CalibratedService(truth.model, costs=BatcherCosts(
         react_ms=0.02, release_ms=0.03, timer_resolution_ms=1.0, timer_latency_ms=0.05))
 
@@ -44,8 +46,7 @@ def saved_runs() -> dict:
     loads = ((0.1, 0.0), (0.1, 1.0), (0.4, 0.0), (0.4, 1.0), (0.7, 0.0), (0.7, 1.0))
     rows = ((0.3, 0.0), (0.3, 1.0), (0.8, 0.0), (0.8, 1.0))
     calibration_runs = [real(x, w, k) for k, (x, w) in enumerate(loads)]
-    truth = replace(truth, costs=replace(truth.costs, linger_ms=refit(
-        naive, calibration_runs).costs.linger_ms))
+    truth = refit(naive, calibration_runs)
     return {"service": naive, "calibration_runs": calibration_runs,
             "runs": {"poisson": [{"policy": bs.BatchPolicy(8, w), "seed": 10 + k,
                                   "real": real(x, w, 10 + k)}
@@ -73,10 +74,12 @@ def test_the_refit_finds_the_costs_and_predicts_its_own_runs_exactly():
     for metric, errors in poisson["refitted"]["rows"].items():
         exact = metric.startswith("latency")
         assert np.median(np.abs(errors)) < (1e-12 if exact else 1e-6), metric
-    # Without the worker's costs the saved calibration predicts the rows too fast (all
-    # but one whose p50 is mostly the wait for the timer: 14-40% at p50).
-    assert sum(e < -0.1 for e in poisson["saved"]["rows"]["latency_ms_p50"]) == 3
-    assert poisson["saved"]["median_err_latency_ms_p50"] < -0.1
+    # Without the worker's costs the saved calibration predicts the greedy rows too
+    # fast (16% and 38% at p50); the rows that wait up to 1 ms for their batches to fill,
+    # whose p50 is mostly that wait, come within 4%.
+    p50 = poisson["saved"]["rows"]["latency_ms_p50"]
+    assert p50[0] < -0.1 and p50[2] < -0.1
+    assert abs(p50[1]) < 0.05 and abs(p50[3]) < 0.05
     assert poisson["closer"]["latency_ms_p50"] == {"refitted_closer": 4, "saved_closer": 0}
 
 

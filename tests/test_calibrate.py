@@ -26,6 +26,7 @@ from batchsim.calibrate import (
     WARM_BATCHES,
     _after_turns,
     _due_s,
+    _later,
     _linger_ms,
     _merged_bins,
     _release_table,
@@ -528,8 +529,10 @@ def test_a_refit_recovers_the_costs_that_simulated_runs_were_made_with(sender):
     again on them, a calibration that knew nothing of the batcher gets back its costs
     per batch, per request, per arrival and for the first arrival, the release at each
     size of its table and the reaction, and finds no wake-up after idle; ``s(b)`` and
-    the timer stay its own."""
-    svc = costly_service(idle_ms=(), wake_ms=(), linger_ms=0.005, send_ms=0.001)
+    the timer stay its own. With a sender on the loop it gets back the cost of a later
+    turn into a batch too; without, no turn is recorded and none is fitted."""
+    svc = costly_service(idle_ms=(), wake_ms=(), linger_ms=0.005, send_ms=0.001,
+                         turn_ms=0.004)
     costs = svc.costs
     runs = [bs.simulate(bs.Poisson(load * svc.capacity_rps(8)), bs.BatchPolicy(8, wait_ms),
                         svc, n_requests=1500, seed=k, sender=sender)
@@ -562,7 +565,11 @@ def test_a_refit_recovers_the_costs_that_simulated_runs_were_made_with(sender):
             assert delays_s[awake].max() <= linger_ms / 1e3 <= delays_s[~awake].min()
         assert c.send_ms == pytest.approx(costs.send_ms, rel=1e-6)
         assert (c.hold_ms, c.hold_per_item_ms) == pytest.approx((0.0, 0.0), abs=1e-12)
+        later_turns = np.concatenate([_later(r)[0] for r in runs])
+        assert later_turns.sum() > 50
+        assert c.turn_ms == pytest.approx(costs.turn_ms, rel=1e-6)
     else:
+        assert c.turn_ms is None
         assert c.linger_ms is None and c.linger_s == c.react_s
         assert (c.send_ms, c.hold_ms, c.hold_per_item_ms) == (0.0, 0.0, 0.0)   # defaults
     with pytest.raises(ValueError, match="service must be a CalibratedService"):
@@ -861,6 +868,24 @@ def test_only_the_sends_before_a_batchs_end_delay_it():
     res = bs.simulate(bs.Trace(due_s), bs.BatchPolicy(16, 0.0), svc, sender="loop")
     np.testing.assert_allclose(res.arrival_s[1:] * 1e6, np.arange(6, 16), atol=1e-6)
     np.testing.assert_allclose(res.end_s[0] * 1e6, 12.7, atol=1e-6)
+
+
+@pytest.mark.parametrize("turn_ms, end_us", [(None, 104.4), (0.003, 109.2)])
+def test_a_later_turn_into_a_batch_costs_its_own_time_and_a_send_per_request(turn_ms,
+                                                                              end_us):
+    """A 100 us batch dispatched at 2 us (the first request, due at 0, sent one reaction
+    late and decided one more later); two requests due at 10 us are sent at 11 and 12 us,
+    the first turn into it (2 us, and 0.1 us each); two due at 50 us at 51 and 52 us, a
+    later turn. Without ``turn_ms`` those cost 0.1 us each as well; with it, 3 us for the
+    turn and the loop's 1 us per send."""
+    costs = BatcherCosts(react_ms=0.001, linger_ms=0.005, send_ms=0.001, arrival_ms=0.0001,
+                         first_arrival_ms=0.002, turn_ms=turn_ms)
+    svc = CalibratedService(bs.AffineService(0.1, 0.0), costs=costs)
+    due_s = np.array([0.0, 10.0, 10.0, 50.0, 50.0]) / 1e6
+    res = bs.simulate(bs.Trace(due_s), bs.BatchPolicy(16, 0.0), svc, sender="loop")
+    np.testing.assert_allclose(res.arrival_s * 1e6, [1, 11, 12, 51, 52], atol=1e-6)
+    np.testing.assert_allclose(res.start_s[0] * 1e6, 2.0, atol=1e-6)
+    np.testing.assert_allclose(res.end_s[0] * 1e6, end_us, atol=1e-6)
 
 
 def test_the_sends_spacing_and_the_hold_after_a_dispatch_are_fitted_on_the_turns():

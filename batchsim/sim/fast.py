@@ -364,7 +364,9 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
     (a limit reached with a jump: with any ``react`` above 0, requests that fell due while
     the loop slept miss the batch its timer fires; calibrations fit 10-20 us).
     Each request that reaches the batcher while a batch runs (before its end) delays it
-    by ``arrival_ms``, and the first by ``first_arrival_ms`` more, as in the other engines:
+    by ``arrival_ms``, and the first by ``first_arrival_ms`` more, as in the other engines
+    (with ``costs.turn_ms``, a later turn into the batch delays it by ``turn_ms`` and each
+    of its requests by ``send_ms`` instead):
     those sent in the turn right after its dispatch too, though they were due before it
     (the loop sends them before the worker can have the interpreter or, on one core, the
     core).
@@ -433,13 +435,17 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
             log.turn_sizes.append(sent - first)
             if released_s < math.inf and t_first < ends[-1]:    # they reach it mid-batch
                 end_s = ends[-1]
+                cost_s = per_arrival_s
                 if received_by != len(ends):               # its first ones
                     end_s += first_arrival_s
                     received_by = len(ends)
+                elif costs.turn_ms is not None:            # a later turn
+                    end_s += costs.turn_ms / 1000.0
+                    cost_s = send_s
                 for j in range(first, sent):    # each one received before its end delays it
                     if received[j] >= end_s:
                         break
-                    end_s += per_arrival_s
+                    end_s += cost_s
                 released_s += end_s - ends[-1]
                 ends[-1] = end_s
             if sent == n:
