@@ -33,10 +33,11 @@ saved calibration) on the same schedules:
   many: ``busy_wakes``), the share after which the next turn came before that end;
   ``busy_wake_late_us``, the median time from the fire to that turn. The simulated loop
   always wakes at its timer (the turn comes one reaction after the fire). On one CPU
-  the real loop woke before the batch's end after 0-71% (median 42%) of such sleeps in
-  the arrival sets of the tiny CNN's and encoder's grids of trios O, N and M, a median
-  of 84-112 us after the fire; the others lasted past the batch's end. In the encoder's
-  calibration runs, after 3-9% (``bench/results/README.md``).
+  kept awake by a spinner at idle priority, the real loop woke before the batch's end
+  after 0-71% (median 42%) of such sleeps in the arrival sets of the tiny CNN's and
+  encoder's grids of trios O, N and M, a median of 84-112 us after the fire; the others
+  lasted past the batch's end. Kept awake by a PM QoS request instead (trios R and R2),
+  after 98-100% where a set had over 50 (``bench/results/README.md``).
 
 Turns are the run's own record (``meta["turn_sizes"]``); runs saved before ``run_load``
 kept it are split where a request was not yet due when the one before it was sent, and
