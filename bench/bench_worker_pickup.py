@@ -1,0 +1,101 @@
+"""When the worker's thread takes its batch up while the load generator is behind: the
+real runs of a ``bench_fidelity.py --save-runs`` pickle.
+
+A real run records the instant the worker's thread picked each batch up
+(``meta["batch_phases_s"][:, 0]``); the batch was dispatched earlier (``start_s``). On
+one CPU the worker's thread and the event loop share the core and the interpreter, so
+a batch waits for the loop to let them go: most often the loop's sleep, but a generator
+that has fallen behind does not sleep; it sends ``MAX_BURST`` requests, yields (the
+loop polls without sleeping) and goes on. The engines have it go on at once, the batch's
+end put off by each request it sends meanwhile (``BatcherCosts``). This bench measures,
+for each part of the pickle (the calibration's runs, then each arrival set):
+
+* ``pickup_us``: the median time from a batch's dispatch to its pick-up;
+* ``yields_waiting``: the load generator's yields after a turn of ``MAX_BURST`` with
+  more requests due, made while the batch dispatched before them waited for its worker;
+  ``taken_at_yield_share``: the share after which the worker picked that batch up
+  within ``TAKEN_US`` of the turn's last send. The worker then keeps the core to the
+  batch's end and the generator, behind, waits for it, where the engines have it go on
+  at once; ``first_taken_share``: the same over the first such yield after each
+  dispatch only.
+
+The simulator records no pick-up, so the bench reads real runs only.
+
+Run: ``.venv/bin/python bench/bench_worker_pickup.py RUNS.pkl.gz [--out FILE]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from bench_fidelity import saved_runs_main
+from bench_loop_turns import median_us, turn_starts
+
+from batchsim.calibrate import _sending_due_s as due_s
+from batchsim.sim.fast import MAX_BURST
+
+#: How soon after a full turn's last send (us) a pick-up counts as taken at the yield:
+#: the worker then took the core as the loop let the interpreter go.
+TAKEN_US = 20.0
+
+
+def pickup_s(res) -> np.ndarray:
+    """When the worker's thread picked each batch up (s)."""
+    return np.asarray(res.meta["batch_phases_s"], float)[:, 0]
+
+
+def yields_taken(res):
+    """For each yield of the generator after a turn of ``MAX_BURST`` whose next request
+    was due by its last send, made while the batch dispatched last waited for its
+    worker: whether the worker picked it up within ``TAKEN_US``, and whether the yield
+    was the first since that dispatch."""
+    a, due = res.arrival_s, due_s(res)
+    first = turn_starts(res)
+    last = np.r_[first[1:], a.size] - 1
+    full = np.flatnonzero(last[:-1] - first[:-1] + 1 >= MAX_BURST)
+    full = full[due[first[full + 1]] <= a[last[full]]]
+    yield_s = a[last[full]]
+    k = np.searchsorted(res.start_s, yield_s, "right") - 1
+    picked = pickup_s(res)[np.maximum(k, 0)]
+    waiting = (k >= 0) & (yield_s < picked)
+    taken = (picked - yield_s <= TAKEN_US / 1e6)[waiting]
+    k = k[waiting]
+    first_since = np.r_[True, k[1:] != k[:-1]] if k.size else np.zeros(0, bool)
+    return taken, first_since
+
+
+def pickup_report(runs) -> dict:
+    """The measures of the module doc over ``runs``."""
+    waits = np.concatenate([pickup_s(r) - r.start_s for r in runs])
+    taken, first = (np.concatenate(v) for v in zip(*map(yields_taken, runs), strict=True))
+    return {"pickup_us": median_us(waits),
+            "yields_waiting": int(taken.size),
+            "taken_at_yield_share": share(taken),
+            "first_taken_share": share(taken[first])}
+
+
+def share(flags: np.ndarray) -> float:
+    """The share of True (NaN of none)."""
+    return float(flags.mean()) if flags.size else float("nan")
+
+
+def analyze(saved: dict) -> dict:
+    """Per part of the saved grid, the measures over its real runs."""
+    report = {"calibration_runs": pickup_report(saved["calibration_runs"])}
+    for name, rows in saved["runs"].items():
+        report[name] = pickup_report([row["real"] for row in rows])
+    return report
+
+
+def print_report(report: dict) -> None:
+    for name, measures in report.items():
+        print(f"{name}:")
+        for key, value in measures.items():
+            print(f"   {key:>24}: {value:10.3f}")
+
+
+def main() -> None:
+    saved_runs_main(__doc__, analyze, print_report)
+
+
+if __name__ == "__main__":
+    main()
