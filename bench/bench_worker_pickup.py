@@ -1,5 +1,5 @@
-"""When the worker's thread takes its batch up while the load generator is behind: the
-real runs of a ``bench_fidelity.py --save-runs`` pickle.
+"""When the worker's thread takes its batch up while the load generator is behind, and
+how long it then runs: the real runs of a ``bench_fidelity.py --save-runs`` pickle.
 
 A real run records the instant the worker's thread picked each batch up
 (``meta["batch_phases_s"][:, 0]``); the batch was dispatched earlier (``start_s``). On
@@ -17,7 +17,18 @@ for each part of the pickle (the calibration's runs, then each arrival set):
   within ``TAKEN_US`` of the turn's last send. The worker then keeps the core to the
   batch's end and the generator, behind, waits for it, where the engines have it go on
   at once; ``first_taken_share``: the same over the first such yield after each
-  dispatch only.
+  dispatch only;
+* ``clean_runs`` and ``run_clean_us``: the batches of the part's largest
+  ``max_batch_size`` (where the bursts' error sits) dispatched within
+  ``BACK_TO_BACK_US`` of the previous batch's end, into which the loop sent nothing
+  after their pick-up, and to which it sent no request between that end and their
+  pick-up; the median time from their pick-up to their end. ``disturbed_runs`` and
+  ``run_disturbed_us``: the same for those it sent requests to meanwhile. Where the
+  second is the longer, the worker's own part of a batch is slower after the loop ran
+  its sends on the core (the engines charge a batch for the requests it receives and a
+  wake-up by the time its worker went without a batch, nothing for sends between
+  batches). Runs that the loop comes into (those past its timer, about 1.1 ms on a 1
+  ms grid) are left out, so read it only where the batches are shorter.
 
 The simulator records no pick-up, so the bench reads real runs only.
 
@@ -36,6 +47,10 @@ from batchsim.sim.fast import MAX_BURST
 #: How soon after a full turn's last send (us) a pick-up counts as taken at the yield:
 #: the worker then took the core as the loop let the interpreter go.
 TAKEN_US = 20.0
+#: How soon after the previous batch's end (us) a batch must be dispatched for its run
+#: to count in ``run_clean_us`` / ``run_disturbed_us``: back to back, so that the time
+#: its worker went without a batch does not tell the two apart.
+BACK_TO_BACK_US = 100.0
 
 
 def pickup_s(res) -> np.ndarray:
@@ -63,14 +78,35 @@ def yields_taken(res):
     return taken, first_since
 
 
+def full_runs(res, size: int):
+    """For each batch of ``size`` requests of ``res`` dispatched within
+    ``BACK_TO_BACK_US`` of the previous batch's end and that received no request after
+    its pick-up: whether the loop sent a request between that end and its pick-up, and
+    its run from the pick-up to its end (s)."""
+    picked, a = pickup_s(res), res.arrival_s
+    previous_end_s = np.r_[-np.inf, res.end_s[:-1]]
+    sent = np.searchsorted(a, picked, "right") - np.searchsorted(a, previous_end_s, "right")
+    interrupted = np.searchsorted(a, res.end_s, "left") > np.searchsorted(a, picked, "right")
+    kept = ((res.size == size) & np.isfinite(res.end_s) & ~interrupted
+            & (res.start_s - previous_end_s <= BACK_TO_BACK_US / 1e6))
+    return (sent > 0)[kept], (res.end_s - picked)[kept]
+
+
 def pickup_report(runs) -> dict:
     """The measures of the module doc over ``runs``."""
     waits = np.concatenate([pickup_s(r) - r.start_s for r in runs])
     taken, first = (np.concatenate(v) for v in zip(*map(yields_taken, runs), strict=True))
+    size = max(r.meta["policy"].max_batch_size for r in runs)
+    disturbed, run_s = (np.concatenate(v) for v in zip(
+        *(full_runs(r, size) for r in runs), strict=True))
     return {"pickup_us": median_us(waits),
             "yields_waiting": int(taken.size),
             "taken_at_yield_share": share(taken),
-            "first_taken_share": share(taken[first])}
+            "first_taken_share": share(taken[first]),
+            "clean_runs": int((~disturbed).sum()),
+            "run_clean_us": median_us(run_s[~disturbed]),
+            "disturbed_runs": int(disturbed.sum()),
+            "run_disturbed_us": median_us(run_s[disturbed])}
 
 
 def share(flags: np.ndarray) -> float:

@@ -8,9 +8,18 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import batchsim as bs
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from bench_worker_pickup import TAKEN_US, analyze, pickup_report, yields_taken  # noqa: E402
+from bench_worker_pickup import (  # noqa: E402  (a script)
+    BACK_TO_BACK_US,
+    TAKEN_US,
+    analyze,
+    full_runs,
+    pickup_report,
+    yields_taken,
+)
 
 US = 1e-6
 
@@ -21,7 +30,8 @@ def behind_run():
     the first turn and picked up 5 us after its last send (the first yield: taken);
     batch 1 is dispatched at 420 us and picked up at 700 us, 201 and 37 us after the
     yields of the third and fourth turns. The second turn's yield comes after batch 0's
-    pick-up: no batch waits then."""
+    pick-up: no batch waits then. Batches of 64, batch 1 dispatched 20 us after batch 0's
+    end; the last turn reaches it after its pick-up."""
     starts_us = [0, 73, 436, 600, 800]
     sizes = [64, 64, 64, 64, 8]
     sent = 1.0 + US * np.concatenate([s + np.arange(n) for s, n in zip(starts_us, sizes,
@@ -29,8 +39,9 @@ def behind_run():
     start_s = 1.0 + US * np.array([-10.0, 420.0])
     picked_s = 1.0 + US * np.array([68.0, 700.0])
     return SimpleNamespace(arrival_s=sent, start_s=start_s,
-                           end_s=1.0 + US * np.array([400.0, 1000.0]),
-                           meta={"scheduled_s": np.zeros(sent.size),
+                           end_s=1.0 + US * np.array([400.0, 1000.0]), size=np.array([64, 64]),
+                           meta={"policy": bs.BatchPolicy(64, 0.0),
+                                 "scheduled_s": np.zeros(sent.size),
                                  "turn_sizes": np.array(sizes),
                                  "batch_phases_s": np.c_[picked_s, np.full(2, np.nan),
                                                          picked_s + 300 * US]})
@@ -49,23 +60,54 @@ def test_the_report_counts_the_yields_and_the_pickup_delay():
     assert report["yields_waiting"] == 3
     assert report["taken_at_yield_share"] == pytest.approx(1 / 3)
     assert report["first_taken_share"] == pytest.approx(1 / 2)
+    # Batch 1 is back to back, but the loop sent into its run: no run to split.
+    assert (report["clean_runs"], report["disturbed_runs"]) == (0, 0)
+    assert np.isnan(report["run_clean_us"]) and np.isnan(report["run_disturbed_us"])
 
 
 def test_a_run_that_never_fell_behind_has_no_yields_to_share():
     """One request a turn, each due 1 ms after the last: no turn of 64, NaN shares."""
     due = 1e-3 * np.arange(1, 11)
     res = SimpleNamespace(arrival_s=due + 5 * US, start_s=due + 20 * US, end_s=due + 300 * US,
-                          meta={"scheduled_s": due, "turn_sizes": np.ones(10, int),
+                          size=np.ones(10, int),
+                          meta={"policy": bs.BatchPolicy(1, 0.0), "scheduled_s": due,
+                                "turn_sizes": np.ones(10, int),
                                 "batch_phases_s": np.c_[due + 60 * US, np.full(10, np.nan),
                                                         due + 300 * US]})
     report = pickup_report([res])
     assert report["pickup_us"] == pytest.approx(40.0)
     assert report["yields_waiting"] == 0
     assert np.isnan(report["taken_at_yield_share"]) and np.isnan(report["first_taken_share"])
+    assert (report["clean_runs"], report["disturbed_runs"]) == (0, 0)   # 720 us apart
 
 
 def test_every_part_of_a_saved_grid_is_read():
     res = behind_run()
     report = analyze({"calibration_runs": [res], "runs": {"bursty": [{"real": res}]}})
     assert set(report) == {"calibration_runs", "bursty"}
-    assert report["bursty"] == report["calibration_runs"]
+    assert report["bursty"] == pytest.approx(report["calibration_runs"], nan_ok=True)
+
+
+def test_back_to_back_runs_split_by_whether_the_loop_sent_before_the_pickup():
+    """Batches of 2 (us): b0 is the first (no previous end) and the loop sends into its
+    run; b1 starts 30 us after b0's end with nothing sent since, and runs 160 us; b2
+    starts 30 us after b1's end, the loop having sent two requests before its pick-up,
+    and runs 200 us; b3 starts 160 us after b2's end (not back to back)."""
+    sent_us = np.array([0, 1, 50, 51, 420, 421, 790, 791])
+    start_us, picked_us = np.array([5, 230, 430, 800]), np.array([10, 240, 440, 805])
+    end_us = np.array([200, 400, 640, 1000])
+    res = SimpleNamespace(arrival_s=sent_us * US, start_s=start_us * US, end_s=end_us * US,
+                          size=np.full(4, 2),
+                          meta={"policy": bs.BatchPolicy(2, 0.0), "scheduled_s": sent_us * US,
+                                "turn_sizes": np.ones(8, int),
+                                "batch_phases_s": np.c_[picked_us * US, np.full(4, np.nan),
+                                                        end_us * US]})
+    assert BACK_TO_BACK_US < 160 and BACK_TO_BACK_US > 30
+    disturbed, run_s = full_runs(res, 2)
+    assert disturbed.tolist() == [False, True]
+    np.testing.assert_allclose(run_s, [160 * US, 200 * US], rtol=1e-9)
+    report = pickup_report([res])
+    assert (report["clean_runs"], report["disturbed_runs"]) == (1, 1)
+    assert report["run_clean_us"] == pytest.approx(160.0)
+    assert report["run_disturbed_us"] == pytest.approx(200.0)
+    assert report["yields_waiting"] == 0
