@@ -32,8 +32,9 @@ for each part of the pickle (the calibration's runs, then each arrival set):
 
 The simulator records no pick-up, so the bench reads real runs only. On one CPU (trios
 O, N, M and U, ``bench/results/README.md``) the MLP's worker took the waiting batch at
-6-7% of such yields in the burst sets and 0.3-0.8% in the Poisson ones, never the CNN's
-or the encoder's; the MLP's batches of 64 ran 11-35 us longer disturbed than clean.
+6-7% of such yields in the burst sets and 0.3-0.8% in the Poisson ones; the CNN's and
+the encoder's, at one yield a set at most. The MLP's batches of 64 ran 11-35 us longer
+disturbed than clean.
 
 Run: ``.venv/bin/python bench/bench_worker_pickup.py RUNS.pkl.gz [--out FILE]``.
 """
