@@ -75,15 +75,21 @@ def turn_starts(res) -> np.ndarray:
                                                    - np.repeat(np.cumsum(chunks) - chunks, chunks))
 
 
-def chain_rounds(res, first: np.ndarray):
+def full_turn_yields(res, first: np.ndarray):
     """For each turn of ``max_burst`` (``first``: ``turn_starts(res)``) followed by one
-    whose first request was already due at its last send: the time to that next turn (s)
-    and whether a batch ended in it."""
+    whose first request was already due at its last send (the generator yielded and
+    goes on): that last send and the next turn's first (s)."""
     a, due = res.arrival_s, due_s(res)
     last = np.r_[first[1:], a.size] - 1
     full = np.flatnonzero(last[:-1] - first[:-1] + 1 >= MAX_BURST)
     full = full[due[first[full + 1]] <= a[last[full]]]
-    t0, t1 = a[last[full]], a[first[full + 1]]
+    return a[last[full]], a[first[full + 1]]
+
+
+def chain_rounds(res, first: np.ndarray):
+    """For each of ``full_turn_yields``: the time to the next turn (s) and whether a
+    batch ended in it."""
+    t0, t1 = full_turn_yields(res, first)
     k = np.searchsorted(res.end_s, t0, "right")
     ended = (k < res.end_s.size) & (res.end_s[np.minimum(k, res.end_s.size - 1)] < t1)
     return t1 - t0, ended

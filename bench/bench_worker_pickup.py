@@ -43,10 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 from bench_fidelity import saved_runs_main
-from bench_loop_turns import median_us, turn_starts
-
-from batchsim.calibrate import _sending_due_s as due_s
-from batchsim.sim.fast import MAX_BURST
+from bench_loop_turns import full_turn_yields, median_us, turn_starts
 
 #: How soon after a full turn's last send (us) a pick-up counts as taken at the yield:
 #: the worker then took the core as the loop let the interpreter go.
@@ -67,19 +64,13 @@ def yields_taken(res):
     was due by its last send, made while the batch dispatched last waited for its
     worker: whether the worker picked it up within ``TAKEN_US``, and whether the yield
     was the first since that dispatch."""
-    a, due = res.arrival_s, due_s(res)
-    first = turn_starts(res)
-    last = np.r_[first[1:], a.size] - 1
-    full = np.flatnonzero(last[:-1] - first[:-1] + 1 >= MAX_BURST)
-    full = full[due[first[full + 1]] <= a[last[full]]]
-    yield_s = a[last[full]]
+    yield_s, _ = full_turn_yields(res, turn_starts(res))
     k = np.searchsorted(res.start_s, yield_s, "right") - 1
     picked = pickup_s(res)[np.maximum(k, 0)]
     waiting = (k >= 0) & (yield_s < picked)
     taken = (picked - yield_s <= TAKEN_US / 1e6)[waiting]
     k = k[waiting]
-    first_since = np.r_[True, k[1:] != k[:-1]] if k.size else np.zeros(0, bool)
-    return taken, first_since
+    return taken, np.diff(k, prepend=-1) != 0
 
 
 def full_runs(res, size: int):
