@@ -154,8 +154,13 @@ def busy_report(runs, costs) -> dict:
     woke, late_s = (np.concatenate(v) for v in zip(
         *(busy_wakes(r, turn_starts(r), costs) for r in runs), strict=True))
     return {"busy_wakes": int(woke.size),
-            "busy_wake_share": float(woke.mean()) if woke.size else float("nan"),
+            "busy_wake_share": share(woke),
             "busy_wake_late_us": median_us(late_s[woke])}
+
+
+def share(flags: np.ndarray) -> float:
+    """The share of True (NaN of none)."""
+    return float(flags.mean()) if flags.size else float("nan")
 
 
 def median_us(x_s: np.ndarray) -> float:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 from bench_fidelity import saved_runs_main
-from bench_loop_turns import full_turn_yields, median_us, turn_starts
+from bench_loop_turns import full_turn_yields, median_us, share, turn_starts
 
 #: How soon after a full turn's last send (us) a pick-up counts as taken at the yield:
 #: the worker then took the core as the loop let the interpreter go.
@@ -102,11 +102,6 @@ def pickup_report(runs) -> dict:
             "run_clean_us": median_us(run_s[~disturbed]),
             "disturbed_runs": int(disturbed.sum()),
             "run_disturbed_us": median_us(run_s[disturbed])}
-
-
-def share(flags: np.ndarray) -> float:
-    """The share of True (NaN of none)."""
-    return float(flags.mean()) if flags.size else float("nan")
 
 
 def analyze(saved: dict) -> dict:
