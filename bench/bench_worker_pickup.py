@@ -1,5 +1,6 @@
-"""When the worker's thread takes its batch up while the load generator is behind, and
-how long it then runs: the real runs of a ``bench_fidelity.py --save-runs`` pickle.
+"""When the worker's thread takes its batch up while the load generator is behind, how
+long it then runs, and how the loop hands the worker its next batch: the real runs of a
+``bench_fidelity.py --save-runs`` pickle.
 
 A real run records the instant the worker's thread picked each batch up
 (``meta["batch_phases_s"][:, 0]``); the batch was dispatched earlier (``start_s``). On
@@ -28,7 +29,20 @@ for each part of the pickle (the calibration's runs, then each arrival set):
   its sends on the core (the engines charge a batch for the requests it receives and a
   wake-up by the time its worker went without a batch, nothing for sends between
   batches). Runs that the loop comes into (those past its timer, about 1.1 ms on a 1
-  ms grid) are left out, so read it only where the batches are shorter.
+  ms grid) are left out, so read it only where the batches are shorter;
+* ``chain_turns`` and ``chain_held_share``: the generator's turns of ``MAX_BURST``,
+  with more due, made while no batch was in flight and followed by a dispatch before
+  its next turn. That is the order of a loop whose generator, behind, had its step
+  queued ahead of the worker's report of its batch's end: the turn, then the dispatch.
+  The share after which the generator's next turn waited for the end of the batch
+  dispatched after it (the worker took the core). The engines decide at a release first
+  and send after, so their generator never makes such a turn;
+* ``release_quiet_us`` and ``release_behind_us`` (with ``quiet_releases`` and
+  ``behind_releases``): after batches of the part's largest ``max_batch_size`` followed
+  back to back, nothing sent in between, the median time from a batch's end to the next
+  dispatch, split by whether a request of the schedule was due by that end (the
+  generator behind) or not. The engines' release is one table by batch size, fitted on
+  the calibration's releases, nearly all behind.
 
 The simulator records no pick-up, so the bench reads real runs only. On one CPU (trios
 O, N, M and U, ``bench/results/README.md``) the MLP's worker took the waiting batch at
@@ -44,6 +58,8 @@ from __future__ import annotations
 import numpy as np
 from bench_fidelity import saved_runs_main
 from bench_loop_turns import full_turn_yields, median_us, share, turn_starts
+
+from batchsim.calibrate import _sending_due_s as due_s
 
 #: How soon after a full turn's last send (us) a pick-up counts as taken at the yield:
 #: the worker then took the core as the loop let the interpreter go.
@@ -87,6 +103,31 @@ def full_runs(res, size: int):
     return (sent > 0)[kept], (res.end_s - picked)[kept]
 
 
+def chain_turns(res) -> np.ndarray:
+    """For each of ``full_turn_yields`` made with no batch in flight and followed by a
+    dispatch before the generator's next turn: whether that next turn waited for the end
+    of the batch so dispatched."""
+    yield_s, next_s = full_turn_yields(res, turn_starts(res))
+    k = np.searchsorted(res.start_s, yield_s, "right")      # the next dispatch
+    kk = np.minimum(k, res.start_s.size - 1)
+    free = (k == 0) | (res.end_s[np.maximum(k - 1, 0)] <= yield_s)
+    dispatched = (k < res.start_s.size) & (res.start_s[kk] < next_s)
+    return (res.end_s[kk] <= next_s)[free & dispatched]
+
+
+def full_releases(res, size: int):
+    """For each batch of ``size`` requests whose successor was dispatched within
+    ``BACK_TO_BACK_US`` of its end, no request sent in between: whether a request of the
+    schedule was due by its end, and the release, from its end to that dispatch (s)."""
+    a, end_s, next_s = res.arrival_s, res.end_s[:-1], res.start_s[1:]
+    unsent = np.searchsorted(a, end_s, "right")      # the first request not sent by the end
+    behind = (unsent < a.size) & (due_s(res)[np.minimum(unsent, a.size - 1)] <= end_s)
+    release_s = next_s - end_s
+    kept = ((res.size[:-1] == size) & (release_s <= BACK_TO_BACK_US / 1e6)
+            & (np.searchsorted(a, next_s, "right") == unsent))
+    return behind[kept], release_s[kept]
+
+
 def pickup_report(runs) -> dict:
     """The measures of the module doc over ``runs``."""
     waits = np.concatenate([pickup_s(r) - r.start_s for r in runs])
@@ -101,7 +142,25 @@ def pickup_report(runs) -> dict:
             "clean_runs": int((~disturbed).sum()),
             "run_clean_us": median_us(run_s[~disturbed]),
             "disturbed_runs": int(disturbed.sum()),
-            "run_disturbed_us": median_us(run_s[disturbed])}
+            "run_disturbed_us": median_us(run_s[disturbed]),
+            **chain_report(runs), **release_report(runs, size)}
+
+
+def chain_report(runs) -> dict:
+    """``chain_turns`` and ``chain_held_share`` over ``runs``."""
+    held = np.concatenate([chain_turns(r) for r in runs])
+    return {"chain_turns": int(held.size), "chain_held_share": share(held)}
+
+
+def release_report(runs, size: int) -> dict:
+    """The releases after back-to-back batches of ``size`` over ``runs``, quiet and
+    behind."""
+    behind, release_s = (np.concatenate(v) for v in zip(
+        *(full_releases(r, size) for r in runs), strict=True))
+    return {"quiet_releases": int((~behind).sum()),
+            "release_quiet_us": median_us(release_s[~behind]),
+            "behind_releases": int(behind.sum()),
+            "release_behind_us": median_us(release_s[behind])}
 
 
 def analyze(saved: dict) -> dict:

@@ -16,6 +16,8 @@ from bench_worker_pickup import (  # noqa: E402  (a script)
     BACK_TO_BACK_US,
     TAKEN_US,
     analyze,
+    chain_turns,
+    full_releases,
     full_runs,
     pickup_report,
     yields_taken,
@@ -63,6 +65,11 @@ def test_the_report_counts_the_yields_and_the_pickup_delay():
     # Batch 1 is back to back, but the loop sent into its run: no run to split.
     assert (report["clean_runs"], report["disturbed_runs"]) == (0, 0)
     assert np.isnan(report["run_clean_us"]) and np.isnan(report["run_disturbed_us"])
+    # Every full turn's yield finds a batch in flight: no chain turn.
+    assert report["chain_turns"] == 0 and np.isnan(report["chain_held_share"])
+    # Batch 0 ends at 400 us with turn 2 due and not sent; batch 1 follows 20 us later.
+    assert (report["quiet_releases"], report["behind_releases"]) == (0, 1)
+    assert report["release_behind_us"] == pytest.approx(20.0)
 
 
 def test_a_run_that_never_fell_behind_has_no_yields_to_share():
@@ -111,3 +118,51 @@ def test_back_to_back_runs_split_by_whether_the_loop_sent_before_the_pickup():
     assert report["run_clean_us"] == pytest.approx(160.0)
     assert report["run_disturbed_us"] == pytest.approx(200.0)
     assert report["yields_waiting"] == 0
+
+
+def test_a_full_turn_before_a_dispatch_is_held_when_the_next_turn_waits_for_its_end():
+    """Turns of 64, 64, 64, 64, 64 and 8, all due before the run, sent 1 us apart from
+    -100, 110, 420, 700, 900 and 1000 us; batches dispatched at -50, 190 and 500 us end at
+    105, 400 and 800. Batch 0 is in flight at the first turn's yield; the second and third
+    turns come with no batch in flight, each followed by a dispatch: the third turn waits
+    for batch 1's end, the fourth comes before batch 2's. The fifth comes with no batch in
+    flight but no dispatch follows it."""
+    starts_us, sizes = [-100, 110, 420, 700, 900, 1000], [64, 64, 64, 64, 64, 8]
+    sent = US * np.concatenate([s + np.arange(n) for s, n in zip(starts_us, sizes,
+                                                                 strict=True)])
+    start_s, end_s = US * np.array([-50.0, 190.0, 500.0]), US * np.array([105.0, 400.0, 800.0])
+    res = SimpleNamespace(arrival_s=sent, start_s=start_s, end_s=end_s,
+                          size=np.full(3, 64),
+                          meta={"policy": bs.BatchPolicy(64, 0.0),
+                                "scheduled_s": np.full(sent.size, -1e-3),
+                                "turn_sizes": np.array(sizes),
+                                "batch_phases_s": np.c_[start_s + 10 * US,
+                                                        np.full(3, np.nan), end_s]})
+    assert chain_turns(res).tolist() == [True, False]
+    report = pickup_report([res])
+    assert report["chain_turns"] == 2
+    assert report["chain_held_share"] == pytest.approx(0.5)
+
+
+def test_releases_after_full_batches_split_by_whether_a_request_was_due():
+    """Batches of 2 (us): b0 ends at 100 and b1 follows at 120, the next request due at
+    150 (quiet); b1 ends at 300 and b2 follows at 340 with a request due at 290 not yet
+    sent (behind); b2 ends at 500 and b3 follows at 520, a request sent at 510 in
+    between; b4 comes 200 us after b3's end (not back to back)."""
+    due_us = np.array([0, 0, 50, 51, 150, 151, 290, 291, 505, 506])
+    sent_us = np.array([0, 1, 50, 51, 150, 151, 345, 346, 510, 511])
+    start_us, end_us = np.array([5, 120, 340, 520, 900]), np.array([100, 300, 500, 700, 1000])
+    res = SimpleNamespace(arrival_s=sent_us * US, start_s=start_us * US, end_s=end_us * US,
+                          size=np.full(5, 2),
+                          meta={"policy": bs.BatchPolicy(2, 0.0), "scheduled_s": due_us * US,
+                                "turn_sizes": np.full(5, 2),
+                                "batch_phases_s": np.c_[(start_us + 5) * US,
+                                                        np.full(5, np.nan), end_us * US]})
+    behind, release_s = full_releases(res, 2)
+    assert behind.tolist() == [False, True]
+    np.testing.assert_allclose(release_s, [20 * US, 40 * US], rtol=1e-9)
+    assert full_releases(res, 4)[0].size == 0       # no batch of 4
+    report = pickup_report([res])
+    assert (report["quiet_releases"], report["behind_releases"]) == (1, 1)
+    assert report["release_quiet_us"] == pytest.approx(20.0)
+    assert report["release_behind_us"] == pytest.approx(40.0)
