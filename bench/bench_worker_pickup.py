@@ -48,7 +48,11 @@ The simulator records no pick-up, so the bench reads real runs only. On one CPU 
 O, N, M and U, ``bench/results/README.md``) the MLP's worker took the waiting batch at
 6-7% of such yields in the burst sets and 0.3-0.8% in the Poisson ones; the CNN's and
 the encoder's, at one yield a set at most. The MLP's batches of 64 ran 11-35 us longer
-disturbed than clean.
+disturbed than clean. In the MLP's burst sets of O, N and M the generator's next turn
+waited for the next batch's end after 77-80% of its chain turns (1,477-2,010 a set),
+against 0-1% in the calibration's runs, and the release after a batch of 64 took 17-21
+us quiet against 39-43 us behind; the CNN's and the encoder's releases at 64 did not
+split.
 
 Run: ``.venv/bin/python bench/bench_worker_pickup.py RUNS.pkl.gz [--out FILE]``.
 """
