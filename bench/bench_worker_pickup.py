@@ -82,15 +82,15 @@ def pickup_s(res) -> np.ndarray:
 def yields_taken(res):
     """For each yield of the generator after a turn of ``MAX_BURST`` whose next request
     was due by its last send, made while the batch dispatched last waited for its
-    worker: whether the worker picked it up within ``TAKEN_US``, and whether the yield
-    was the first since that dispatch."""
+    worker: when (s), whether the worker picked it up within ``TAKEN_US``, and whether
+    the yield was the first since that dispatch."""
     yield_s, _ = full_turn_yields(res, turn_starts(res))
     k = np.searchsorted(res.start_s, yield_s, "right") - 1
     picked = pickup_s(res)[np.maximum(k, 0)]
     waiting = (k >= 0) & (yield_s < picked)
     taken = (picked - yield_s <= TAKEN_US / 1e6)[waiting]
     k = k[waiting]
-    return taken, np.diff(k, prepend=-1) != 0
+    return yield_s[waiting], taken, np.diff(k, prepend=-1) != 0
 
 
 def full_runs(res, size: int):
@@ -107,16 +107,16 @@ def full_runs(res, size: int):
     return (sent > 0)[kept], (res.end_s - picked)[kept]
 
 
-def chain_turns(res) -> np.ndarray:
+def chain_turns(res):
     """For each of ``full_turn_yields`` made with no batch in flight and followed by a
-    dispatch before the generator's next turn: whether that next turn waited for the end
-    of the batch so dispatched."""
+    dispatch before the generator's next turn: its yield (s), and whether that next turn
+    waited for the end of the batch so dispatched."""
     yield_s, next_s = full_turn_yields(res, turn_starts(res))
     k = np.searchsorted(res.start_s, yield_s, "right")      # the next dispatch
     kk = np.minimum(k, res.start_s.size - 1)
     free = (k == 0) | (res.end_s[np.maximum(k - 1, 0)] <= yield_s)
-    dispatched = (k < res.start_s.size) & (res.start_s[kk] < next_s)
-    return (res.end_s[kk] <= next_s)[free & dispatched]
+    chain = free & (k < res.start_s.size) & (res.start_s[kk] < next_s)
+    return yield_s[chain], (res.end_s[kk] <= next_s)[chain]
 
 
 def full_releases(res, size: int):
@@ -135,7 +135,7 @@ def full_releases(res, size: int):
 def pickup_report(runs) -> dict:
     """The measures of the module doc over ``runs``."""
     waits = np.concatenate([pickup_s(r) - r.start_s for r in runs])
-    taken, first = (np.concatenate(v) for v in zip(*map(yields_taken, runs), strict=True))
+    _, taken, first = (np.concatenate(v) for v in zip(*map(yields_taken, runs), strict=True))
     size = max(r.meta["policy"].max_batch_size for r in runs)
     disturbed, run_s = (np.concatenate(v) for v in zip(
         *(full_runs(r, size) for r in runs), strict=True))
@@ -152,7 +152,7 @@ def pickup_report(runs) -> dict:
 
 def chain_report(runs) -> dict:
     """``chain_turns`` and ``chain_held_share`` over ``runs``."""
-    held = np.concatenate([chain_turns(r) for r in runs])
+    held = np.concatenate([chain_turns(r)[1] for r in runs])
     return {"chain_turns": int(held.size), "chain_held_share": share(held)}
 
 

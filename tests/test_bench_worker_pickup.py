@@ -51,7 +51,9 @@ def behind_run():
 
 def test_yields_while_a_batch_waits_are_taken_when_the_pickup_follows_at_once():
     assert 5.0 <= TAKEN_US < 37.0
-    taken, first = yields_taken(behind_run())
+    yield_s, taken, first = yields_taken(behind_run())
+    np.testing.assert_allclose(yield_s, 1.0 + US * np.array([63.0, 499.0, 663.0]), rtol=0,
+                               atol=1e-9)
     assert taken.tolist() == [True, False, False]
     assert first.tolist() == [True, True, False]
 
@@ -138,7 +140,9 @@ def test_a_full_turn_before_a_dispatch_is_held_when_the_next_turn_waits_for_its_
                                 "turn_sizes": np.array(sizes),
                                 "batch_phases_s": np.c_[start_s + 10 * US,
                                                         np.full(3, np.nan), end_s]})
-    assert chain_turns(res).tolist() == [True, False]
+    yield_s, held = chain_turns(res)
+    np.testing.assert_allclose(yield_s, US * np.array([173.0, 483.0]), rtol=0, atol=1e-9)
+    assert held.tolist() == [True, False]
     report = pickup_report([res])
     assert report["chain_turns"] == 2
     assert report["chain_held_share"] == pytest.approx(0.5)
