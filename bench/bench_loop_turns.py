@@ -120,10 +120,8 @@ def busy_wakes(res, first: np.ndarray, costs):
 def turn_report(runs, timer_resolution_ms: float) -> dict:
     """The measures of the module doc over ``runs``."""
     firsts = [turn_starts(r) for r in runs]
-    delays, awake, late = (np.concatenate(v) for v in zip(
-        *(after_turns(r, first, timer_resolution_ms) for r, first in zip(runs, firsts,
-                                                                          strict=True)),
-        strict=True))
+    delays, awake, late = pooled(lambda r, first: after_turns(r, first, timer_resolution_ms),
+                                 runs, firsts)
     sizes = np.concatenate([np.diff(np.r_[first, r.arrival_s.size])
                             for r, first in zip(runs, firsts, strict=True)])
     between = turns = received = 0
@@ -137,8 +135,7 @@ def turn_report(runs, timer_resolution_ms: float) -> dict:
         turns += int(np.sum(turn_of[hi[got] - 1] - turn_of[lo[got]] + 1))
         received += int(got.sum())
     sent_awake = late[awake & (delays <= linger_split_s(delays, awake))]
-    rounds_s, ended = (np.concatenate(v) for v in zip(*map(chain_rounds, runs, firsts),
-                                                       strict=True))
+    rounds_s, ended = pooled(chain_rounds, runs, firsts)
     return {"linger_us": 1e6 * linger_split_s(delays, awake),
             "awake_late_us": median_us(sent_awake),
             "capped_share": float(sizes[sizes >= MAX_BURST].sum() / sizes.sum()),
@@ -151,11 +148,17 @@ def turn_report(runs, timer_resolution_ms: float) -> dict:
 
 def busy_report(runs, costs) -> dict:
     """``busy_wakes``, ``busy_wake_share`` and ``busy_wake_late_us`` over ``runs``."""
-    woke, late_s = (np.concatenate(v) for v in zip(
-        *(busy_wakes(r, turn_starts(r), costs) for r in runs), strict=True))
+    woke, late_s = pooled(lambda r: busy_wakes(r, turn_starts(r), costs), runs)
     return {"busy_wakes": int(woke.size),
             "busy_wake_share": share(woke),
             "busy_wake_late_us": median_us(late_s[woke])}
+
+
+def pooled(arrays_of, *per_run) -> tuple[np.ndarray, ...]:
+    """``arrays_of`` (a tuple of arrays for one run) called on each run (``per_run``: the
+    runs, and any further argument per run, as ``map`` takes them), each of its arrays
+    concatenated over the runs."""
+    return tuple(np.concatenate(v) for v in zip(*map(arrays_of, *per_run), strict=True))
 
 
 def share(flags: np.ndarray) -> float:

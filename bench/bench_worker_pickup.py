@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import numpy as np
 from bench_fidelity import saved_runs_main
-from bench_loop_turns import full_turn_yields, median_us, share, turn_starts
+from bench_loop_turns import full_turn_yields, median_us, pooled, share, turn_starts
 
 from batchsim.calibrate import _sending_due_s as due_s
 
@@ -135,10 +135,9 @@ def full_releases(res, size: int):
 def pickup_report(runs) -> dict:
     """The measures of the module doc over ``runs``."""
     waits = np.concatenate([pickup_s(r) - r.start_s for r in runs])
-    _, taken, first = (np.concatenate(v) for v in zip(*map(yields_taken, runs), strict=True))
+    _, taken, first = pooled(yields_taken, runs)
     size = max(r.meta["policy"].max_batch_size for r in runs)
-    disturbed, run_s = (np.concatenate(v) for v in zip(
-        *(full_runs(r, size) for r in runs), strict=True))
+    disturbed, run_s = pooled(lambda r: full_runs(r, size), runs)
     return {"pickup_us": median_us(waits),
             "yields_waiting": int(taken.size),
             "taken_at_yield_share": share(taken),
@@ -152,15 +151,14 @@ def pickup_report(runs) -> dict:
 
 def chain_report(runs) -> dict:
     """``chain_turns`` and ``chain_held_share`` over ``runs``."""
-    held = np.concatenate([chain_turns(r)[1] for r in runs])
+    _, held = pooled(chain_turns, runs)
     return {"chain_turns": int(held.size), "chain_held_share": share(held)}
 
 
 def release_report(runs, size: int) -> dict:
     """The releases after back-to-back batches of ``size`` over ``runs``, quiet and
     behind."""
-    behind, release_s = (np.concatenate(v) for v in zip(
-        *(full_releases(r, size) for r in runs), strict=True))
+    behind, release_s = pooled(lambda r: full_releases(r, size), runs)
     return {"quiet_releases": int((~behind).sum()),
             "release_quiet_us": median_us(release_s[~behind]),
             "behind_releases": int(behind.sum()),
