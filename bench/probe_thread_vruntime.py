@@ -93,17 +93,22 @@ finally:
 DURATION_S = 1.5
 
 
-def vruntime_ms(samples: np.ndarray, tid: int, at_s: np.ndarray) -> np.ndarray:
-    """Thread ``tid``'s virtual runtime (ms) at ``at_s`` (``perf_counter`` s), linear
-    between the samples around each instant."""
+def sampled_ms(samples: np.ndarray, tid: int, column: int, at_s) -> np.ndarray:
+    """Thread ``tid``'s sampled ``column`` (2: virtual runtime, 3: time on a core; ms)
+    at ``at_s`` (``perf_counter`` s), linear between the samples around each instant;
+    zeros for a thread never sampled."""
     mine = samples[samples[:, 1] == tid]
-    return np.interp(at_s, mine[:, 0], mine[:, 2])
+    return np.interp(at_s, mine[:, 0], mine[:, column]) if mine.size else np.zeros(np.shape(at_s))
+
+
+def vruntime_ms(samples: np.ndarray, tid: int, at_s: np.ndarray) -> np.ndarray:
+    """Thread ``tid``'s virtual runtime (ms) at ``at_s``."""
+    return sampled_ms(samples, tid, 2, at_s)
 
 
 def cpu_ms(samples: np.ndarray, tid: int, span_s: tuple[float, float]) -> float:
     """The time (ms) thread ``tid`` had on a core over ``span_s`` (``perf_counter`` s)."""
-    mine = samples[samples[:, 1] == tid]
-    return float(np.diff(np.interp(span_s, mine[:, 0], mine[:, 3]))[0]) if mine.size else 0.0
+    return float(np.diff(sampled_ms(samples, tid, 3, span_s))[0])
 
 
 def busiest_thread(samples: np.ndarray, span_s: tuple[float, float], but: int) -> int:
