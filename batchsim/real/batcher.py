@@ -88,25 +88,18 @@ class RunLog:
     Times are seconds on the caller's clock. Shared by DynamicBatcher and the load
     generator's driver of the naive batcher. A batch may carry the instants its worker
     picked it up, had staged its inputs and had launched the model (``phases``); the
-    result's ``meta["batch_phases_s"]`` holds them, one row per batch. It may also carry
-    its threads' CPU clocks (``thread_cpu``, ``time.thread_time``): the event loop's at
-    its dispatch, the worker's at its pick-up and at its end, and the loop's when it took
-    the batch back; ``meta["batch_thread_cpu_s"]`` holds them, one row per batch, NaN
-    where a runner has no one thread for the batch. On one CPU the two threads share the
-    core, and these say how much of it each had (the batch's wall time does not).
+    result's ``meta["batch_phases_s"]`` holds them, one row per batch.
     """
 
     def __init__(self):
         self.arrival_s: list[float] = []
-        self.batches: list[list] = []  # [ids, start_s, end_s, worker, trigger, phases, cpu]
+        self.batches: list[list] = []      # [ids, start_s, end_s, worker, trigger, phases]
         self.rejected: list[int] = []
         self.expired: list[tuple] = []     # (ids, now_s)
         self.failed: list[tuple] = []      # (ids, now_s)
 
-    def batch(self, ids, start_s: float, worker: int, trigger: int,
-              loop_cpu_s: float = math.nan) -> int:
-        self.batches.append([ids, start_s, math.nan, worker, trigger, None,
-                             [loop_cpu_s, math.nan, math.nan, math.nan]])
+    def batch(self, ids, start_s: float, worker: int, trigger: int) -> int:
+        self.batches.append([ids, start_s, math.nan, worker, trigger, None])
         return len(self.batches) - 1
 
     def result(self, workers: int, **meta) -> RunResult:
@@ -115,16 +108,13 @@ class RunLog:
             rec.reject(i)
         for ids, now_s in self.expired:
             rec.expire(ids, now_s)
-        for ids, start_s, end_s, worker, trigger, _, _ in self.batches:
+        for ids, start_s, end_s, worker, trigger, _ in self.batches:
             rec.dispatch(ids, start_s, end_s, worker, trigger)
         for ids, now_s in self.failed:
             rec.fail(ids, now_s)
         phases = [b[5] or (math.nan,) * 3 for b in self.batches]
         if any(b[5] for b in self.batches):
             meta["batch_phases_s"] = np.asarray(phases, float).reshape(-1, 3)
-        cpu_s = np.asarray([b[6] for b in self.batches], float).reshape(-1, 4)
-        if np.isfinite(cpu_s).any():
-            meta["batch_thread_cpu_s"] = cpu_s
         return rec.result(**meta)
 
 
@@ -498,7 +488,7 @@ class DynamicBatcher:
             ids, xs, futs = self._take(now)
             if ids:
                 worker = heapq.heappop(free)
-                k = self._log.batch(ids, now, worker, trigger, time.thread_time())
+                k = self._log.batch(ids, now, worker, trigger)
                 self._in_flight += 1
                 self._runner.holding = self
                 self._runner.put(worker, k, xs, futs)
@@ -576,9 +566,8 @@ class DynamicBatcher:
 
     # -- results back from the workers (one callback per batch) ---------------------------
     def _finished(self, worker: int, k: int, futs, outs, failed: list[int], end_s: float,
-                  phases=None, worker_cpu_s=(math.nan, math.nan)):
+                  phases=None):
         batch = self._log.batches[k]
-        batch[6][1:] = *worker_cpu_s, time.thread_time()
         batch[2] = end_s
         batch[5] = phases
         try:

@@ -54,7 +54,6 @@ import threading
 import time
 import weakref
 from bisect import bisect_left
-from time import thread_time  # by name: a test stands ``time.perf_counter`` still
 from typing import TYPE_CHECKING
 
 import torch
@@ -401,8 +400,7 @@ class Runner:
 
     ``steps`` say what the device does with a batch; subclasses say which threads do
     it (``_threads``, ``put``). Results go back with one ``call_soon_threadsafe`` per
-    batch, with the instants the batch was picked up, staged and launched, and (from a
-    thread that runs the whole batch) that thread's CPU clock at its pick-up and end.
+    batch, with the instants the batch was picked up, staged and launched.
 
     ``holding`` is the batcher while it has batches in flight, else None: the threads
     refer to it only weakly, and a batch must still come back to a batcher that nobody
@@ -502,13 +500,12 @@ class Runner:
         outs_b, failed_b = self._serve(slot, xs[half:])
         return [*outs_a, *outs_b], failed_a + [half + i for i in failed_b]
 
-    def _report(self, worker: int, k: int, futs, outs, failed, phases,
-                worker_cpu_s=(math.nan, math.nan)) -> bool:
+    def _report(self, worker: int, k: int, futs, outs, failed, phases) -> bool:
         """Hand a finished batch to the loop; False once the loop is gone."""
         b = self.batcher
         try:
             b._loop.call_soon_threadsafe(b._finished, worker, k, futs, outs, failed,
-                                         self.clock.now_s(), phases, worker_cpu_s)
+                                         self.clock.now_s(), phases)
             return True
         except RuntimeError:  # the event loop is closed: nobody waits any more
             return False
@@ -535,7 +532,6 @@ class ThreadRunner(Runner):
 
     def _work(self, worker: int) -> None:
         slot, inbox, now = self.slots[worker], self.inboxes[worker], self.clock.now_s
-        cpu = thread_time
         self.steps.thread_started()
         with torch.no_grad():
             while (job := inbox.get()) is not None:
@@ -543,10 +539,9 @@ class ThreadRunner(Runner):
                 if k is None:
                     self._warm(slot, xs, futs)
                     continue
-                picked, picked_cpu = now(), cpu()
+                picked = now()
                 outs, failed = self._serve(slot, xs)
-                if not self._report(worker, k, futs, outs, failed, (picked, math.nan, now()),
-                                    (picked_cpu, cpu())):
+                if not self._report(worker, k, futs, outs, failed, (picked, math.nan, now())):
                     return
 
 
