@@ -1008,6 +1008,43 @@ def test_each_batch_records_when_it_was_picked_up_staged_and_launched(pipeline):
         assert np.isnan(staged).all()
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux's /proc")
+def test_each_batch_records_its_threads_cpu_times(pipeline):
+    """On one CPU (where the worker's figure is exact), from one batch's return to the
+    next, a worker whose model sleeps 4 ms a batch spends next to no CPU time, one whose
+    model spins 2 ms of it at least that; the loop's clock never runs backwards and a
+    batch comes back after it left. A pipeline has no one thread per worker: NaN."""
+    def sleeps(x):
+        time.sleep(0.004)
+        return x
+
+    def spins(x):
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.002:
+            pass
+        return x
+
+    for model, least_ms, most_ms, wall_ms in [(sleeps, 0.0, 1.0, 4.0),
+                                              (spins, 2.0, math.inf, 2.0)]:
+        ours = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {min(ours)})  # this thread; the batcher's inherit it
+        try:
+            res = run_load(DynamicBatcher(model, bs.BatchPolicy(8, 1.0), input_spec=SPEC,
+                                          pipeline=pipeline), bs.Poisson(1000.0),
+                           n_requests=60)
+        finally:
+            os.sched_setaffinity(0, ours)
+        loop_sent, loop_back, worker = res.meta["batch_thread_cpu_s"].T
+        assert len(loop_sent) == res.n_batches
+        assert (loop_sent <= loop_back).all() and (np.diff(loop_sent) >= 0).all()
+        worker_ms = 1000.0 * np.diff(worker)
+        if pipeline:
+            assert np.isnan(worker).all()
+        else:
+            assert (worker_ms >= least_ms).all() and (worker_ms < most_ms).all()
+            assert (1000.0 * (res.end_s - res.start_s) >= wall_ms).all()
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="thread affinity is Linux's")
 def test_thread_cpus_pin_each_of_the_batchers_threads_in_turn(pipeline):
     """Two workers: a thread per worker, or two stagers, a launcher and a completer; each

@@ -88,18 +88,23 @@ class RunLog:
     Times are seconds on the caller's clock. Shared by DynamicBatcher and the load
     generator's driver of the naive batcher. A batch may carry the instants its worker
     picked it up, had staged its inputs and had launched the model (``phases``); the
-    result's ``meta["batch_phases_s"]`` holds them, one row per batch.
+    result's ``meta["batch_phases_s"]`` holds them, one row per batch. It may also carry
+    CPU times (``cpu``, seconds): the event loop's thread's at its dispatch and when the
+    loop took it back, and its worker's thread's then; ``meta["batch_thread_cpu_s"]``
+    holds them, one row per batch.
     """
 
     def __init__(self):
         self.arrival_s: list[float] = []
-        self.batches: list[list] = []      # [ids, start_s, end_s, worker, trigger, phases]
+        self.batches: list[list] = []  # [ids, start_s, end_s, worker, trigger, phases, cpu]
         self.rejected: list[int] = []
         self.expired: list[tuple] = []     # (ids, now_s)
         self.failed: list[tuple] = []      # (ids, now_s)
 
-    def batch(self, ids, start_s: float, worker: int, trigger: int) -> int:
-        self.batches.append([ids, start_s, math.nan, worker, trigger, None])
+    def batch(self, ids, start_s: float, worker: int, trigger: int,
+              loop_cpu_s: float = math.nan) -> int:
+        self.batches.append([ids, start_s, math.nan, worker, trigger, None,
+                             [loop_cpu_s, math.nan, math.nan]])
         return len(self.batches) - 1
 
     def result(self, workers: int, **meta) -> RunResult:
@@ -108,13 +113,16 @@ class RunLog:
             rec.reject(i)
         for ids, now_s in self.expired:
             rec.expire(ids, now_s)
-        for ids, start_s, end_s, worker, trigger, _ in self.batches:
+        for ids, start_s, end_s, worker, trigger, _, _ in self.batches:
             rec.dispatch(ids, start_s, end_s, worker, trigger)
         for ids, now_s in self.failed:
             rec.fail(ids, now_s)
         phases = [b[5] or (math.nan,) * 3 for b in self.batches]
         if any(b[5] for b in self.batches):
             meta["batch_phases_s"] = np.asarray(phases, float).reshape(-1, 3)
+        cpu_s = np.asarray([b[6] for b in self.batches], float).reshape(-1, 3)
+        if np.isfinite(cpu_s).any():
+            meta["batch_thread_cpu_s"] = cpu_s
         return rec.result(**meta)
 
 
@@ -343,7 +351,10 @@ class DynamicBatcher:
         ``meta["pinned_host_allocs"]`` counts the pinned host blocks this process
         allocated from the start's end to the first close's (each a ``cudaHostAlloc``,
         milliseconds for a few MB; the warm-up leaves blocks for the outputs cached:
-        ``CudaSteps.prime_outputs``), other batchers' in the same process included. Only
+        ``CudaSteps.prime_outputs``), other batchers' in the same process included.
+        ``meta["batch_thread_cpu_s"]`` holds, per batch, the event loop's thread's CPU
+        time (s) at its dispatch and at its return, and its worker's thread's at its
+        return (NaN through a pipeline; ``bench/bench_thread_cpu.py`` reads them). Only
         once ``close()`` has returned, so that every request has ended.
         """
         if self._idle is None or not self._idle.done():
@@ -488,7 +499,7 @@ class DynamicBatcher:
             ids, xs, futs = self._take(now)
             if ids:
                 worker = heapq.heappop(free)
-                k = self._log.batch(ids, now, worker, trigger)
+                k = self._log.batch(ids, now, worker, trigger, time.thread_time())
                 self._in_flight += 1
                 self._runner.holding = self
                 self._runner.put(worker, k, xs, futs)
@@ -568,6 +579,7 @@ class DynamicBatcher:
     def _finished(self, worker: int, k: int, futs, outs, failed: list[int], end_s: float,
                   phases=None):
         batch = self._log.batches[k]
+        batch[6][1:] = time.thread_time(), self._runner.worker_cpu_s(worker)
         batch[2] = end_s
         batch[5] = phases
         try:

@@ -49,6 +49,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import math
+import os
 import queue
 import threading
 import time
@@ -500,6 +501,11 @@ class Runner:
         outs_b, failed_b = self._serve(slot, xs[half:])
         return [*outs_a, *outs_b], failed_a + [half + i for i in failed_b]
 
+    def worker_cpu_s(self, worker: int) -> float:
+        """The CPU time (s) of the thread that runs ``worker``'s batches; NaN where no one
+        thread does."""
+        return math.nan
+
     def _report(self, worker: int, k: int, futs, outs, failed, phases) -> bool:
         """Hand a finished batch to the loop; False once the loop is gone."""
         b = self.batcher
@@ -512,11 +518,26 @@ class Runner:
 
 
 class ThreadRunner(Runner):
-    """A thread per worker runs each of its batches to the end (the CPU default)."""
+    """A thread per worker runs each of its batches to the end (the CPU default).
+
+    ``worker_cpu_s`` reads the worker's thread's CPU time from Linux's
+    ``/proc/self/task/<tid>/schedstat`` rather than have the thread read its own clock:
+    a thread's read of its own CPU clock while it runs brings the scheduler's accounting
+    of it up to date first, and on one CPU that changed how the worker and the event
+    loop shared the core (``bench/results/README.md``). The file's figure is the
+    scheduler's last count, made at the latest when the thread last left its CPU: on one
+    CPU, read by the loop, it is exact. NaN where there is no such file.
+    """
 
     def __init__(self, batcher: DynamicBatcher, steps: HostSteps):
         self.inboxes = [queue.SimpleQueue() for _ in range(batcher.workers)]
+        self.schedstats = [None] * batcher.workers
         super().__init__(batcher, steps)
+
+    def worker_cpu_s(self, worker: int) -> float:
+        stats = self.schedstats[worker]
+        return (math.nan if stats is None or stats.closed
+                else int(os.pread(stats.fileno(), 64, 0).split()[0]) / 1e9)
 
     def _threads(self):
         return [(f"worker-{w}", lambda w=w: self._work(w)) for w in range(len(self.inboxes))]
@@ -529,9 +550,15 @@ class ThreadRunner(Runner):
             inbox.put(None)
         for thread in self.threads if wait else ():
             thread.join()
+        for stats in self.schedstats if wait else ():
+            if stats is not None:
+                stats.close()
 
     def _work(self, worker: int) -> None:
         slot, inbox, now = self.slots[worker], self.inboxes[worker], self.clock.now_s
+        with contextlib.suppress(OSError):
+            self.schedstats[worker] = open(  # closed by _join, else with the runner
+                f"/proc/self/task/{threading.get_native_id()}/schedstat", "rb", buffering=0)
         self.steps.thread_started()
         with torch.no_grad():
             while (job := inbox.get()) is not None:
