@@ -1,0 +1,123 @@
+"""How the event loop's thread and the worker's shared the CPU, batch by batch: the
+threads' CPU times each real batch records, in the runs of a ``bench_fidelity.py
+--save-runs`` pickle.
+
+On one CPU the loop runs inside a batch's wall time (it receives requests; the load
+generator, on the same loop, sends them), so the calibration's ``s(b)``, fitted on wall
+times, holds the loop's work inside the worker's. The kernel's fair share between the
+two threads turns on the CPU time each has had (``probe_thread_vruntime.py``: the worker
+takes the core at the generator's yield when the loop has run ahead of it), which wall
+times do not tell. A batch records (``meta["batch_thread_cpu_s"]``) the loop's CPU time
+at its dispatch and when the loop took it back, and the worker's then (read from
+``/proc``: exact on one CPU). A batch's worker CPU time is the worker's figure at its
+return less the one at the previous batch's return (the first batch has none). For each
+part of the pickle (the calibration's runs, then each arrival set):
+
+* ``worker_share``: the median over batches of the worker's CPU time over the batch's
+  wall time from pick-up to end. At 1 or more the loop took none of the batch's time
+  from the worker (its CPU time also holds taking the batch up and handing it back);
+* ``worker_cpu_us`` and ``worker_wall_us``: over the full batches of the part's largest
+  ``max_batch_size``, the worker's median CPU time, and wall time from pick-up to end;
+* ``cycles``, ``loop_cycle_us``, ``worker_cycle_us`` and ``loop_lead_us``: over cycles of
+  full batches of that size back to back (each dispatched within ``BACK_TO_BACK_US`` of the
+  previous one's end), the loop's median CPU time from a dispatch to the next, the worker's
+  CPU time for the batch, and the median of the loop's less the worker's: how far the loop
+  gains on the worker a cycle in CPU time, where both want the core;
+* ``loop_per_cycle_us`` and ``loop_per_request_us``: the loop's CPU time from a dispatch to
+  the next fitted over every cycle of the part as a time per cycle plus one per request
+  the batcher received in it (least squares).
+
+Runs saved before the batcher recorded CPU times (the trios to U and the thread-clock
+trial's) are refused. Run: ``.venv/bin/python bench/bench_thread_cpu.py RUNS.pkl.gz [--out
+FILE]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from bench_fidelity import saved_runs_main
+from bench_loop_turns import median_us, pooled
+from bench_worker_pickup import BACK_TO_BACK_US
+
+
+def thread_cpu_s(res) -> np.ndarray:
+    """The batches' CPU times (s): the loop's at dispatch and when it took the batch
+    back, the worker's then (one row per batch)."""
+    cpu_s = np.asarray(res.meta.get("batch_thread_cpu_s", np.empty((0, 4))), float)
+    if cpu_s.ndim != 2 or cpu_s.shape[1] != 3:
+        raise ValueError("res: a run without meta['batch_thread_cpu_s'] as the batcher "
+                         "records it now (loop at dispatch, loop and worker at return)")
+    return cpu_s
+
+
+def batch_cpu(res):
+    """Per batch but the first: the worker's CPU time from the previous batch's return to
+    this one's, and this one's wall time from pick-up to end (s)."""
+    worker_s = thread_cpu_s(res)[:, 2]
+    picked_s = np.asarray(res.meta["batch_phases_s"], float)[:, 0]
+    return np.diff(worker_s), (res.end_s - picked_s)[1:]
+
+
+def cycles(res):
+    """Per batch but the first and the last: whether it and the next are full batches
+    of the run's ``max_batch_size`` back to back; the loop's CPU time from its dispatch
+    to the next; the worker's CPU time for it; the requests received from its dispatch
+    to the next."""
+    loop_sent, _, worker_s = thread_cpu_s(res).T
+    full = res.size == res.meta["policy"].max_batch_size
+    back_to_back = res.start_s[1:] - res.end_s[:-1] <= BACK_TO_BACK_US / 1e6
+    received = np.diff(np.searchsorted(res.arrival_s, res.start_s))
+    return ((full[:-1] & full[1:] & back_to_back)[1:], np.diff(loop_sent)[1:],
+            np.diff(worker_s)[:-1], received[1:])
+
+
+def loop_fit(loop_s: np.ndarray, received: np.ndarray) -> tuple[float, float]:
+    """The loop's CPU time a cycle as ``a + c * received`` by least squares: (a, c) in s."""
+    if loop_s.size < 2 or np.ptp(received) == 0:
+        return float("nan"), float("nan")
+    c, a = np.polyfit(received, loop_s, 1)
+    return float(a), float(c)
+
+
+def cpu_report(runs) -> dict:
+    """The measures of the module doc over ``runs``."""
+    size = max(r.meta["policy"].max_batch_size for r in runs)
+    at_size = [r for r in runs if r.meta["policy"].max_batch_size == size]
+    worker_s, wall_s = pooled(batch_cpu, runs)
+    full_cpu_s, full_wall_s, full = pooled(lambda r: (*batch_cpu(r), r.size[1:] == size),
+                                           at_size)
+    _, loop_s, _, received = pooled(cycles, runs)
+    kept, size_loop_s, size_worker_s, _ = pooled(cycles, at_size)
+    a_s, c_s = loop_fit(loop_s, received)
+    return {"batches": int(worker_s.size),
+            "worker_share": float(np.median(worker_s / wall_s)) if worker_s.size else np.nan,
+            "worker_cpu_us": median_us(full_cpu_s[full]),
+            "worker_wall_us": median_us(full_wall_s[full]),
+            "cycles": int(kept.sum()),
+            "loop_cycle_us": median_us(size_loop_s[kept]),
+            "worker_cycle_us": median_us(size_worker_s[kept]),
+            "loop_lead_us": median_us(size_loop_s[kept] - size_worker_s[kept]),
+            "loop_per_cycle_us": 1e6 * a_s, "loop_per_request_us": 1e6 * c_s}
+
+
+def analyze(saved: dict) -> dict:
+    """Per part of the saved grid, the measures over its real runs."""
+    report = {"calibration_runs": cpu_report(saved["calibration_runs"])}
+    for name, rows in saved["runs"].items():
+        report[name] = cpu_report([row["real"] for row in rows])
+    return report
+
+
+def print_report(report: dict) -> None:
+    for name, measures in report.items():
+        print(f"{name}:")
+        for key, value in measures.items():
+            print(f"   {key:>20}: {value:10.3f}")
+
+
+def main() -> None:
+    saved_runs_main(__doc__, analyze, print_report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""``bench/bench_thread_cpu.py``: the loop's and the worker's CPU time, batch by batch."""
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import batchsim as bs
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_thread_cpu import analyze, cpu_report, cycles, thread_cpu_s  # noqa: E402
+
+US = 1e-6
+
+
+def shared_run():
+    """Batches of 4, 4, 4 and 2 (max 4) dispatched at 0, 1,050, 2,100 and 3,150 us, each
+    picked up 10 us later and ended at 1,000, 2,050, 3,100 and 5,000 us: back to back.
+    The worker spends 700 us of CPU from one batch's return to the next; the loop 150,
+    140 and 110 us from a dispatch to the next, while the batcher receives 4, 4 and 2
+    requests."""
+    start_s = US * np.array([0.0, 1050.0, 2100.0, 3150.0])
+    arrival_s = US * np.r_[[-40.0, -30.0, -20.0, -10.0], [100.0, 200.0, 300.0, 400.0],
+                           [1100.0, 1200.0, 1300.0, 1400.0], [2200.0, 2300.0]]
+    loop_sent = 10.0 + US * np.array([0.0, 150.0, 290.0, 400.0])
+    worker_s = 0.5 + US * np.array([0.0, 700.0, 1400.0, 2100.0])
+    return SimpleNamespace(
+        arrival_s=arrival_s, start_s=start_s,
+        end_s=US * np.array([1000.0, 2050.0, 3100.0, 5000.0]), size=np.array([4, 4, 4, 2]),
+        meta={"policy": bs.BatchPolicy(4, 1.0),
+              "batch_phases_s": np.c_[start_s + 10 * US, np.full(4, np.nan),
+                                      np.full(4, np.nan)],
+              "batch_thread_cpu_s": np.c_[loop_sent, loop_sent + 100 * US, worker_s]})
+
+
+def test_a_cycle_counts_when_both_batches_are_full_and_back_to_back():
+    """The first batch has no worker time (nothing returned before it); the last no
+    cycle (no dispatch after it)."""
+    kept, loop_s, worker_s, received = cycles(shared_run())
+    assert kept.tolist() == [True, False]  # the fourth batch holds 2
+    np.testing.assert_allclose(loop_s / US, [140.0, 110.0])
+    np.testing.assert_allclose(worker_s / US, [700.0, 700.0])
+    assert received.tolist() == [4, 2]
+
+
+def test_the_report_gives_each_threads_share_and_the_loops_cost_per_request():
+    report = cpu_report([shared_run()])
+    assert report["batches"] == 3 and report["cycles"] == 1
+    assert report["worker_share"] == pytest.approx(700.0 / 990.0)
+    assert report["worker_cpu_us"] == pytest.approx(700.0)
+    assert report["worker_wall_us"] == pytest.approx(990.0)
+    assert report["loop_cycle_us"] == pytest.approx(140.0)
+    assert report["worker_cycle_us"] == pytest.approx(700.0)
+    assert report["loop_lead_us"] == pytest.approx(-560.0)
+    # 140 = a + 4 c and 110 = a + 2 c
+    assert report["loop_per_request_us"] == pytest.approx(15.0)
+    assert report["loop_per_cycle_us"] == pytest.approx(80.0)
+
+
+def test_each_part_of_a_saved_grid_is_reported_and_old_runs_are_refused():
+    run = shared_run()
+    report = analyze({"calibration_runs": [run], "runs": {"bursty": [{"real": run}]}})
+    assert list(report) == ["calibration_runs", "bursty"]
+    assert report["bursty"] == report["calibration_runs"]
+    run.meta["batch_thread_cpu_s"] = np.zeros((4, 4))  # the reverted trial's four clocks
+    with pytest.raises(ValueError, match="batch_thread_cpu_s"):
+        thread_cpu_s(run)
+    del run.meta["batch_thread_cpu_s"]
+    with pytest.raises(ValueError, match="batch_thread_cpu_s"):
+        thread_cpu_s(run)
