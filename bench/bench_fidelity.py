@@ -174,6 +174,21 @@ def write_report(report: dict, out) -> None:
         print(f"wrote {out}", flush=True)
 
 
+def real_runs_by_part(saved: dict) -> dict:
+    """A ``--save-runs`` pickle's real runs by part: the calibration's, then each arrival
+    set's."""
+    return {"calibration_runs": saved["calibration_runs"],
+            **{name: [row["real"] for row in rows] for name, rows in saved["runs"].items()}}
+
+
+def print_measures(report: dict) -> None:
+    """Print a report of measures by part, a line a measure."""
+    for name, measures in report.items():
+        print(f"{name}:")
+        for key, value in measures.items():
+            print(f"   {key:>24}: {value:10.3f}")
+
+
 def saved_runs_main(doc: str, analyze, print_report) -> None:
     """The command line of a bench that reads one ``--save-runs`` pickle: ``analyze``
     it, print the report and, with ``--out FILE``, write it as JSON."""

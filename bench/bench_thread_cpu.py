@@ -35,7 +35,7 @@ FILE]``.
 from __future__ import annotations
 
 import numpy as np
-from bench_fidelity import saved_runs_main
+from bench_fidelity import print_measures, real_runs_by_part, saved_runs_main
 from bench_loop_turns import median_us, pooled
 from bench_worker_pickup import BACK_TO_BACK_US
 
@@ -102,21 +102,11 @@ def cpu_report(runs) -> dict:
 
 def analyze(saved: dict) -> dict:
     """Per part of the saved grid, the measures over its real runs."""
-    report = {"calibration_runs": cpu_report(saved["calibration_runs"])}
-    for name, rows in saved["runs"].items():
-        report[name] = cpu_report([row["real"] for row in rows])
-    return report
-
-
-def print_report(report: dict) -> None:
-    for name, measures in report.items():
-        print(f"{name}:")
-        for key, value in measures.items():
-            print(f"   {key:>20}: {value:10.3f}")
+    return {name: cpu_report(runs) for name, runs in real_runs_by_part(saved).items()}
 
 
 def main() -> None:
-    saved_runs_main(__doc__, analyze, print_report)
+    saved_runs_main(__doc__, analyze, print_measures)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ Run: ``.venv/bin/python bench/bench_worker_pickup.py RUNS.pkl.gz [--out FILE]``.
 from __future__ import annotations
 
 import numpy as np
-from bench_fidelity import saved_runs_main
+from bench_fidelity import print_measures, real_runs_by_part, saved_runs_main
 from bench_loop_turns import full_turn_yields, median_us, pooled, share, turn_starts
 
 from batchsim.calibrate import _sending_due_s as due_s
@@ -167,21 +167,11 @@ def release_report(runs, size: int) -> dict:
 
 def analyze(saved: dict) -> dict:
     """Per part of the saved grid, the measures over its real runs."""
-    report = {"calibration_runs": pickup_report(saved["calibration_runs"])}
-    for name, rows in saved["runs"].items():
-        report[name] = pickup_report([row["real"] for row in rows])
-    return report
-
-
-def print_report(report: dict) -> None:
-    for name, measures in report.items():
-        print(f"{name}:")
-        for key, value in measures.items():
-            print(f"   {key:>24}: {value:10.3f}")
+    return {name: pickup_report(runs) for name, runs in real_runs_by_part(saved).items()}
 
 
 def main() -> None:
-    saved_runs_main(__doc__, analyze, print_report)
+    saved_runs_main(__doc__, analyze, print_measures)
 
 
 if __name__ == "__main__":
