@@ -43,7 +43,7 @@ from bench_worker_pickup import BACK_TO_BACK_US
 def thread_cpu_s(res) -> np.ndarray:
     """The batches' CPU times (s): the loop's at dispatch and when it took the batch
     back, the worker's then (one row per batch)."""
-    cpu_s = np.asarray(res.meta.get("batch_thread_cpu_s", np.empty((0, 4))), float)
+    cpu_s = np.asarray(res.meta.get("batch_thread_cpu_s", ()), float)
     if cpu_s.ndim != 2 or cpu_s.shape[1] != 3:
         raise ValueError("res: a run without meta['batch_thread_cpu_s'] as the batcher "
                          "records it now (loop at dispatch, loop and worker at return)")
@@ -58,13 +58,12 @@ def batch_cpu(res):
     return np.diff(worker_s), (res.end_s - picked_s)[1:]
 
 
-def cycles(res):
-    """Per batch but the first and the last: whether it and the next are full batches
-    of the run's ``max_batch_size`` back to back; the loop's CPU time from its dispatch
-    to the next; the worker's CPU time for it; the requests received from its dispatch
-    to the next."""
+def cycles(res, size: int):
+    """Per batch but the first and the last: whether it and the next are batches of
+    ``size`` back to back; the loop's CPU time from its dispatch to the next; the
+    worker's CPU time for it; the requests received from its dispatch to the next."""
     loop_sent, _, worker_s = thread_cpu_s(res).T
-    full = res.size == res.meta["policy"].max_batch_size
+    full = res.size == size
     back_to_back = res.start_s[1:] - res.end_s[:-1] <= BACK_TO_BACK_US / 1e6
     received = np.diff(np.searchsorted(res.arrival_s, res.start_s))
     return ((full[:-1] & full[1:] & back_to_back)[1:], np.diff(loop_sent)[1:],
@@ -81,22 +80,18 @@ def loop_fit(loop_s: np.ndarray, received: np.ndarray) -> tuple[float, float]:
 
 def cpu_report(runs) -> dict:
     """The measures of the module doc over ``runs``."""
-    size = max(r.meta["policy"].max_batch_size for r in runs)
-    at_size = [r for r in runs if r.meta["policy"].max_batch_size == size]
-    worker_s, wall_s = pooled(batch_cpu, runs)
-    full_cpu_s, full_wall_s, full = pooled(lambda r: (*batch_cpu(r), r.size[1:] == size),
-                                           at_size)
-    _, loop_s, _, received = pooled(cycles, runs)
-    kept, size_loop_s, size_worker_s, _ = pooled(cycles, at_size)
+    size = max(r.meta["policy"].max_batch_size for r in runs)  # only its runs fill it
+    worker_s, wall_s, full = pooled(lambda r: (*batch_cpu(r), r.size[1:] == size), runs)
+    kept, loop_s, worker_cycle_s, received = pooled(lambda r: cycles(r, size), runs)
     a_s, c_s = loop_fit(loop_s, received)
     return {"batches": int(worker_s.size),
             "worker_share": float(np.median(worker_s / wall_s)) if worker_s.size else np.nan,
-            "worker_cpu_us": median_us(full_cpu_s[full]),
-            "worker_wall_us": median_us(full_wall_s[full]),
+            "worker_cpu_us": median_us(worker_s[full]),
+            "worker_wall_us": median_us(wall_s[full]),
             "cycles": int(kept.sum()),
-            "loop_cycle_us": median_us(size_loop_s[kept]),
-            "worker_cycle_us": median_us(size_worker_s[kept]),
-            "loop_lead_us": median_us(size_loop_s[kept] - size_worker_s[kept]),
+            "loop_cycle_us": median_us(loop_s[kept]),
+            "worker_cycle_us": median_us(worker_cycle_s[kept]),
+            "loop_lead_us": median_us(loop_s[kept] - worker_cycle_s[kept]),
             "loop_per_cycle_us": 1e6 * a_s, "loop_per_request_us": 1e6 * c_s}
 
 

@@ -39,7 +39,7 @@ def shared_run():
 def test_a_cycle_counts_when_both_batches_are_full_and_back_to_back():
     """The first batch has no worker time (nothing returned before it); the last no
     cycle (no dispatch after it)."""
-    kept, loop_s, worker_s, received = cycles(shared_run())
+    kept, loop_s, worker_s, received = cycles(shared_run(), 4)
     assert kept.tolist() == [True, False]  # the fourth batch holds 2
     np.testing.assert_allclose(loop_s / US, [140.0, 110.0])
     np.testing.assert_allclose(worker_s / US, [700.0, 700.0])
