@@ -1045,6 +1045,26 @@ def test_each_batch_records_its_threads_cpu_times(pipeline):
             assert (1000.0 * (res.end_s - res.start_s) >= wall_ms).all()
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux's /proc")
+def test_a_workers_cpu_time_is_nan_once_its_thread_has_ended_or_its_file_closed():
+    """The loop reads it as each batch comes back, before it resolves the batch's
+    requests: a read that raised there would leave them waiting."""
+    async def main():
+        b = await DynamicBatcher(Affine(), bs.BatchPolicy(4, 0.0), input_spec=SPEC).start(
+            warmup=True)  # the worker has run, so it has opened its file
+        assert math.isfinite(b._runner.worker_cpu_s(0))
+        b._runner.stop(join=False)  # the thread ends; its file stays open
+        for thread in b._runner.threads:
+            thread.join()
+            while os.path.exists(f"/proc/self/task/{thread.native_id}"):
+                await asyncio.sleep(0.001)  # the OS lets it go just after join returns
+        gone = b._runner.worker_cpu_s(0)
+        b._runner.stop()            # now the file closes too
+        return gone, b._runner.worker_cpu_s(0)
+
+    assert all(map(math.isnan, run(main())))
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="thread affinity is Linux's")
 def test_thread_cpus_pin_each_of_the_batchers_threads_in_turn(pipeline):
     """Two workers: a thread per worker, or two stagers, a launcher and a completer; each

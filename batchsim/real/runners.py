@@ -536,8 +536,12 @@ class ThreadRunner(Runner):
 
     def worker_cpu_s(self, worker: int) -> float:
         stats = self.schedstats[worker]
-        return (math.nan if stats is None or stats.closed
-                else int(os.pread(stats.fileno(), 64, 0).split()[0]) / 1e9)
+        if stats is None:
+            return math.nan
+        try:  # never raise: the loop reads it as the batch's results come back
+            return int(os.pread(stats.fileno(), 64, 0).split()[0]) / 1e9
+        except (OSError, ValueError):  # the file closed, or the thread gone
+            return math.nan
 
     def _threads(self):
         return [(f"worker-{w}", lambda w=w: self._work(w)) for w in range(len(self.inboxes))]
