@@ -1237,6 +1237,38 @@ def test_every_failed_launch_lets_its_slot_recover_a_lone_request_too(pipeline):
     assert isinstance(outs[0], ArithmeticError) and steps[1].recovered == 1
 
 
+class _FailingRecover(HostSteps):
+    """Host steps whose recovery after a failed launch raises: a fault of the runner's
+    own steps, not of the model."""
+
+    def recover(self, slot, error):
+        raise RuntimeError("recovery failed")
+
+
+def test_a_recovery_that_raises_fails_its_batch_and_the_threads_serve_on(pipeline):
+    """Were the error to end the thread, the batch's requests and every later one
+    would wait for ever: each batch's gather is bounded by a timeout."""
+
+    class Batcher(DynamicBatcher):
+        def _make_steps(self):
+            return _FailingRecover(self)
+
+    xs = inputs(8)
+    xs[1] = math.nan
+
+    async def main():
+        async with Batcher(Affine(), bs.BatchPolicy(4, math.inf), pipeline=pipeline) as b:
+            first = await asyncio.wait_for(asyncio.gather(
+                *(b.submit(x) for x in xs[:4]), return_exceptions=True), timeout=30)
+            second = await asyncio.wait_for(asyncio.gather(
+                *(b.submit(x) for x in xs[4:])), timeout=30)
+            return first, second
+
+    first, second = run(main())
+    assert all(isinstance(o, RuntimeError) and str(o) == "recovery failed" for o in first)
+    assert all(torch.equal(o, 2 * x + 1) for o, x in zip(second, xs[4:], strict=True))
+
+
 @pytest.mark.parametrize("drain", [True, False])
 def test_stress_every_future_resolves(drain, pipeline):
     """Random poison, cancellations and timeouts on two workers: nothing is left pending."""

@@ -96,6 +96,12 @@ def as_exception(error: BaseException) -> Exception:
     return wrapped
 
 
+def all_failed(error: Exception, n: int) -> tuple[list, list[int]]:
+    """A batch of ``n`` whose every request fails with ``error``: ``(outputs, failed
+    positions)``, as ``Runner._serve`` returns them."""
+    return [error] * n, list(range(n))
+
+
 def graph_buckets(max_batch_size: int) -> tuple[int, ...]:
     """The batch sizes captured as CUDA graphs: powers of two below max_batch_size, and it."""
     b = _check.positive_int("max_batch_size", max_batch_size)
@@ -477,14 +483,22 @@ class Runner:
                 done.set_result(why_not)
 
     def _serve(self, slot: Slot, xs, error: Exception | None = None):
-        """Run ``xs`` to the end: ``(outputs, failed positions)``.
+        """Run ``xs`` to the end: ``(outputs, failed positions)``. Never raises.
 
         On an error (``error``: one already raised by this batch) split the batch and
         retry the halves, down to single requests, so that only the inputs that cause
         an error fail (each with it, ``as_exception``). An ``OutputRowsError`` fails
         every request of ``xs`` at once: halves would only call a model that breaks its
-        contract ``2 len(xs) - 2`` more times.
+        contract ``2 len(xs) - 2`` more times. An error of the steps' own (a recovery
+        that raises) fails the whole batch with it, rather than end the thread and
+        leave the batch's requests, and every later one, waiting for ever.
         """
+        try:
+            return self._serve_or_split(slot, xs, error)
+        except BaseException as e:
+            return all_failed(as_exception(e), len(xs))
+
+    def _serve_or_split(self, slot: Slot, xs, error: Exception | None):
         steps = self.steps
         if error is None:
             try:
@@ -495,10 +509,10 @@ class Runner:
                 error = as_exception(e)
         steps.recover(slot, error)
         if len(xs) == 1 or isinstance(error, OutputRowsError):
-            return [error] * len(xs), list(range(len(xs)))
+            return all_failed(error, len(xs))
         half = len(xs) // 2
-        outs_a, failed_a = self._serve(slot, xs[:half])
-        outs_b, failed_b = self._serve(slot, xs[half:])
+        outs_a, failed_a = self._serve_or_split(slot, xs[:half], None)
+        outs_b, failed_b = self._serve_or_split(slot, xs[half:], None)
         return [*outs_a, *outs_b], failed_a + [half + i for i in failed_b]
 
     def worker_cpu_s(self, worker: int) -> float:
@@ -654,6 +668,6 @@ class PipelineRunner(Runner):
                     wait(self.slots[worker])
                     out, failed = out.unbind(0), []
                 except BaseException as e:  # an asynchronous device error fails the batch
-                    out, failed = [as_exception(e)] * len(futs), list(range(len(futs)))
+                    out, failed = all_failed(as_exception(e), len(futs))
             if not self._report(worker, k, futs, out, failed, phases):
                 return
