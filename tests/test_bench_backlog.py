@@ -10,20 +10,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from service_fakes import costly_service
-
-import batchsim as bs
-from batchsim.calibrate import at_speed
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_backlog import (  # noqa: E402  (a script)
+from bench_backlog import (
     backlog_by_kind,
     compare_backlogs,
     in_backlog,
     kind_table,
     summarize,
 )
+from service_fakes import costly_service
+
+import batchsim as bs
+from batchsim.calibrate import at_speed
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def saved_runs(speeds) -> dict:

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bench_batch_residuals import analyze, label_bins, phase_spread
 from service_fakes import costly_service
 
 import batchsim as bs
 from batchsim.calibrate import at_speed
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_batch_residuals import analyze, label_bins, phase_spread  # noqa: E402  (a script)
 
 #: The speeds the rows of the constructed arrival set are simulated at, in row order.
 SPEEDS = (1.0, 1.2, 0.9, 1.1, 1.05)

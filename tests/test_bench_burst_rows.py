@@ -1,26 +1,21 @@
 """``bench/bench_burst_rows.py``: the rows at the largest max_batch_size, real beside
 simulated, told each row's speed."""
 
-import sys
 from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from test_bench_row_errors import poisson_saved_runs
-
-import batchsim as bs
-from batchsim.calibrate import refit
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_burst_rows import (  # noqa: E402  (a script)
+from bench_burst_rows import (
     analyze,
     big_releases_us,
     full_turn_share,
     p50_from_schedule_s,
 )
+from test_bench_row_errors import poisson_saved_runs
+
+import batchsim as bs
+from batchsim.calibrate import refit
 
 
 def bursty_saved_runs(longer_release_ms: float = 0.0) -> dict:

@@ -7,10 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench_calibration_spread import GRID, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_calibration_spread import GRID, summarize  # noqa: E402  (a script)
 
 
 def test_spreads_are_largest_over_smallest_per_configuration_and_size():

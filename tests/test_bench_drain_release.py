@@ -1,16 +1,12 @@
 """``bench/bench_drain_release.py``: which batches it times."""
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from bench_drain_release import drain_batch_ms
 
 from batchsim.policy import FLUSH, SIZE
 from batchsim.result import RunRecorder
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from bench_drain_release import drain_batch_ms  # noqa: E402  (a script, not a package)
 
 
 def test_times_only_the_full_batches_that_start_after_the_last_arrival():

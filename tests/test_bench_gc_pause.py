@@ -1,13 +1,9 @@
 """``bench/bench_gc_pause.py``: how it times collections and sums up the two modes."""
 
 import gc
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from bench_gc_pause import CollectionTimer, summarize  # noqa: E402  (a script, not a package)
+from bench_gc_pause import CollectionTimer, summarize
 
 
 def test_times_each_collection_while_installed_and_no_other():

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bench_gpu_clocks import MAX_GAP_S, analyze, read_clocks
 from test_bench_batch_residuals import SPEEDS, saved_runs
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_gpu_clocks import MAX_GAP_S, analyze, read_clocks  # noqa: E402  (a script)
 
 #: The calibration's SM clock; each row of the arrival set ran at it over its speed.
 TOP_MHZ = 1980.0

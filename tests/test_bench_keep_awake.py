@@ -8,12 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bench_keep_awake import WINDOW_S, speed_spread
 
 from batchsim.cpus import can_keep_awake
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_keep_awake import WINDOW_S, speed_spread  # noqa: E402  (a script, not a package)
 
 
 def test_speed_spread_reads_each_whole_window_against_the_overall_median():

@@ -1,20 +1,10 @@
 """``bench/bench_loop_turns.py``: the load generator's turns, real against simulated."""
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from service_fakes import costly_service
-
-import batchsim as bs
-from batchsim.calibrate import SPAN_US
-from batchsim.service import BatcherCosts
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_loop_turns import (  # noqa: E402  (a script)
+from bench_loop_turns import (
     BUSY_MARGIN_US,
     after_turns,
     analyze,
@@ -25,6 +15,11 @@ from bench_loop_turns import (  # noqa: E402  (a script)
     turn_report,
     turn_starts,
 )
+from service_fakes import costly_service
+
+import batchsim as bs
+from batchsim.calibrate import SPAN_US
+from batchsim.service import BatcherCosts
 
 POLICY = bs.BatchPolicy(8, 0.0)
 

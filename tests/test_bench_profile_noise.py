@@ -8,10 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bench_profile_noise import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_profile_noise import summarize  # noqa: E402  (a script, not a package)
 
 
 def test_shape_deviations_are_from_the_median_long_profile_and_ignore_the_level():

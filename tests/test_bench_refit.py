@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bench_refit import compare_fits
 from service_fakes import costly_service
 
 import batchsim as bs
@@ -17,8 +18,6 @@ from batchsim.calibrate import refit
 from batchsim.service import BatcherCosts, CalibratedService
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_refit import compare_fits  # noqa: E402  (a script)
 
 
 def saved_runs() -> dict:

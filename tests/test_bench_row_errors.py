@@ -10,14 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bench_row_errors import model_of, row_errors, tally
 from test_bench_refit import saved_runs
 
 import batchsim as bs
 from batchsim.calibrate import at_speed, refit
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_row_errors import model_of, row_errors, tally  # noqa: E402  (a script)
 
 
 def poisson_saved_runs() -> dict:

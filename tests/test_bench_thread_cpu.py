@@ -1,17 +1,12 @@
 """``bench/bench_thread_cpu.py``: the loop's and the worker's CPU time, batch by batch."""
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from bench_thread_cpu import analyze, cpu_report, cycles, thread_cpu_s
 
 import batchsim as bs
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_thread_cpu import analyze, cpu_report, cycles, thread_cpu_s  # noqa: E402
 
 US = 1e-6
 

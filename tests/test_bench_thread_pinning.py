@@ -11,10 +11,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from bench_thread_pinning import arm_summary, instance_speeds
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_thread_pinning import arm_summary, instance_speeds  # noqa: E402  (a script)
 
 
 def test_a_batchers_speed_is_its_batches_against_the_median_of_their_size():

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_tracked_level import (  # noqa: E402  (a script, not a package)
+from bench_tracked_level import (
     compare_rules,
     level_errors,
     speeds_in_run_order,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def results_file(*sets) -> dict:

@@ -1,18 +1,11 @@
 """``bench/bench_worker_pickup.py``: when the worker takes its batch up while the load
 generator is behind."""
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-import batchsim as bs
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_worker_pickup import (  # noqa: E402  (a script)
+from bench_worker_pickup import (
     BACK_TO_BACK_US,
     TAKEN_US,
     analyze,
@@ -22,6 +15,8 @@ from bench_worker_pickup import (  # noqa: E402  (a script)
     pickup_report,
     yields_taken,
 )
+
+import batchsim as bs
 
 US = 1e-6
 

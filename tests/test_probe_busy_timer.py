@@ -1,15 +1,10 @@
 """``bench/probe_busy_timer.py``: how it reads a run whose loop sent during each batch."""
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from probe_busy_timer import timer_report  # noqa: E402  (a script, not a package)
+from probe_busy_timer import timer_report
 
 
 def test_the_report_counts_the_batches_the_timer_got_into_and_the_gaps_after_them():

@@ -2,15 +2,11 @@
 
 import asyncio
 import math
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from probe_loop_selects import LoggingPolicy, wakes  # noqa: E402  (a script, not a package)
+from probe_loop_selects import LoggingPolicy, wakes
 
 
 def test_counts_timer_wake_ups_inside_batches_and_while_idle():

@@ -1,24 +1,19 @@
 """``bench/probe_thread_vruntime.py``: the scheduler's virtual runtimes of the loop's
 thread and the worker's at the load generator's yields."""
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-import batchsim as bs
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from probe_thread_vruntime import (  # noqa: E402  (a script)
+from probe_thread_vruntime import (
     busiest_thread,
     case_report,
     cpu_ms,
     parse_cases,
     vruntime_ms,
 )
+
+import batchsim as bs
 
 US = 1e-6
 LOOP, WORKER, OTHER = 11, 12, 13

@@ -7,11 +7,11 @@ import sys
 import tarfile
 from pathlib import Path
 
+from bench_gpu import VARIANTS
+
 import batchsim as bs
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_gpu import VARIANTS  # noqa: E402  (the bench is a script, not a package)
 
 
 def dry_run(part, out, *args):
