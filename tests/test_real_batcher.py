@@ -21,6 +21,7 @@ import torch
 
 import batchsim as bs
 from batchsim import policy as rule
+from batchsim.cpus import SchedStat
 from batchsim.real import (
     BatcherClosedError,
     DynamicBatcher,
@@ -1046,21 +1047,80 @@ def test_each_batch_records_its_threads_cpu_times(pipeline):
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux's /proc")
-def test_a_workers_cpu_time_is_nan_once_its_thread_has_ended_or_its_file_closed():
+def test_each_batch_records_its_threads_waits_which_a_hog_on_their_cpu_lengthens(pipeline):
+    """On one CPU shared with a process that spins, a worker whose model spins 8 ms of
+    CPU a batch (two of the kernel's 4 ms ticks at least, where it can be made to give
+    the CPU up) waits for it: from one return to the next, summed over the run, at least
+    a quarter of its CPU time (a fair share between two would make it about as much).
+    Both threads' waits never run backwards; through a pipeline the worker's are NaN."""
+    def spins(x):
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.008:
+            pass
+        return x
+
+    ours = os.sched_getaffinity(0)
+    cpu = min(ours)
+    hog = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})"
+                            "\nwhile True: pass"])
+    try:
+        time.sleep(0.3)  # the hog's interpreter is up and spinning
+        assert hog.poll() is None
+        os.sched_setaffinity(0, {cpu})  # this thread; the batcher's inherit it
+        try:
+            res = run_load(DynamicBatcher(spins, bs.BatchPolicy(4, 1.0), input_spec=SPEC,
+                                          pipeline=pipeline), bs.Poisson(200.0), n_requests=24)
+        finally:
+            os.sched_setaffinity(0, ours)
+    finally:
+        hog.kill()
+        hog.wait()
+    loop_sent, loop_back, worker = res.meta["batch_thread_wait_s"].T
+    assert len(loop_sent) == res.n_batches
+    assert (loop_sent <= loop_back).all() and (np.diff(loop_sent) >= 0).all()
+    if pipeline:
+        assert np.isnan(worker).all()
+    else:
+        worker_cpu_s = res.meta["batch_thread_cpu_s"][:, 2]
+        assert (np.diff(worker) >= 0).all()
+        assert np.diff(worker).sum() >= 0.25 * np.diff(worker_cpu_s).sum(), (
+            np.diff(worker), np.diff(worker_cpu_s))
+
+
+def test_sched_stat_reads_a_threads_counters_and_nan_without_one():
+    """A thread's own counters: its CPU time grows as it spins, never past its clock's
+    (``time.thread_time``, brought up to date at each read); its wait is a count too. No
+    thread, or a closed file: NaN."""
+    stat = SchedStat(threading.get_native_id())
+    try:
+        ran_s, waited_s = stat.read()
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.05:
+            pass
+        ran_after_s, waited_after_s = stat.read()
+        assert 0.0 < ran_s < ran_after_s <= time.thread_time()
+        assert 0.0 <= waited_s <= waited_after_s
+    finally:
+        stat.close()
+    assert all(map(math.isnan, (*stat.read(), *SchedStat(None).read())))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux's /proc")
+def test_a_workers_counters_are_nan_once_its_thread_has_ended_or_its_file_closed():
     """The loop reads it as each batch comes back, before it resolves the batch's
     requests: a read that raised there would leave them waiting."""
     async def main():
         b = await DynamicBatcher(Affine(), bs.BatchPolicy(4, 0.0), input_spec=SPEC).start(
             warmup=True)  # the worker has run, so it has opened its file
-        assert math.isfinite(b._runner.worker_cpu_s(0))
+        assert all(map(math.isfinite, b._runner.worker_sched(0)))
         b._runner.stop(join=False)  # the thread ends; its file stays open
         for thread in b._runner.threads:
             thread.join()
             while os.path.exists(f"/proc/self/task/{thread.native_id}"):
                 await asyncio.sleep(0.001)  # the OS lets it go just after join returns
-        gone = b._runner.worker_cpu_s(0)
+        gone = b._runner.worker_sched(0)
         b._runner.stop()            # now the file closes too
-        return gone, b._runner.worker_cpu_s(0)
+        return (*gone, *b._runner.worker_sched(0))
 
     assert all(map(math.isnan, run(main())))
 

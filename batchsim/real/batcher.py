@@ -89,22 +89,24 @@ class RunLog:
     generator's driver of the naive batcher. A batch may carry the instants its worker
     picked it up, had staged its inputs and had launched the model (``phases``); the
     result's ``meta["batch_phases_s"]`` holds them, one row per batch. It may also carry
-    CPU times (``cpu``, seconds): the event loop's thread's at its dispatch and when the
-    loop took it back, and its worker's thread's then; ``meta["batch_thread_cpu_s"]``
-    holds them, one row per batch.
+    its threads' scheduler counters (seconds): the event loop's thread's at its dispatch
+    and when the loop took it back, and its worker's thread's then, of CPU time run
+    (``meta["batch_thread_cpu_s"]``) and of time waited to run
+    (``meta["batch_thread_wait_s"]``), one row per batch each.
     """
 
     def __init__(self):
         self.arrival_s: list[float] = []
-        self.batches: list[list] = []  # [ids, start_s, end_s, worker, trigger, phases, cpu]
+        # [ids, start_s, end_s, worker, trigger, phases, [3 CPU times, 3 waits]]
+        self.batches: list[list] = []
         self.rejected: list[int] = []
         self.expired: list[tuple] = []     # (ids, now_s)
         self.failed: list[tuple] = []      # (ids, now_s)
 
     def batch(self, ids, start_s: float, worker: int, trigger: int,
-              loop_cpu_s: float = math.nan) -> int:
+              loop_cpu_s: float = math.nan, loop_wait_s: float = math.nan) -> int:
         self.batches.append([ids, start_s, math.nan, worker, trigger, None,
-                             [loop_cpu_s, math.nan, math.nan]])
+                             [loop_cpu_s, math.nan, math.nan, loop_wait_s, math.nan, math.nan]])
         return len(self.batches) - 1
 
     def result(self, workers: int, **meta) -> RunResult:
@@ -120,9 +122,11 @@ class RunLog:
         phases = [b[5] or (math.nan,) * 3 for b in self.batches]
         if any(b[5] for b in self.batches):
             meta["batch_phases_s"] = np.asarray(phases, float).reshape(-1, 3)
-        cpu_s = np.asarray([b[6] for b in self.batches], float).reshape(-1, 3)
-        if np.isfinite(cpu_s).any():
-            meta["batch_thread_cpu_s"] = cpu_s
+        sched_s = np.asarray([b[6] for b in self.batches], float).reshape(-1, 6)
+        for name, part in (("batch_thread_cpu_s", sched_s[:, :3]),
+                           ("batch_thread_wait_s", sched_s[:, 3:])):
+            if np.isfinite(part).any():
+                meta[name] = part
         return rec.result(**meta)
 
 
@@ -354,7 +358,9 @@ class DynamicBatcher:
         ``CudaSteps.prime_outputs``), other batchers' in the same process included.
         ``meta["batch_thread_cpu_s"]`` holds, per batch, the event loop's thread's CPU
         time (s) at its dispatch and at its return, and its worker's thread's at its
-        return (NaN through a pipeline; ``bench/bench_thread_cpu.py`` reads them). Only
+        return (NaN through a pipeline; ``bench/bench_thread_cpu.py`` reads them);
+        ``meta["batch_thread_wait_s"]`` the same threads' time waited to run, runnable
+        while another thread had their CPU (Linux's ``run_delay``; ``SchedStat``). Only
         once ``close()`` has returned, so that every request has ended.
         """
         if self._idle is None or not self._idle.done():
@@ -499,7 +505,8 @@ class DynamicBatcher:
             ids, xs, futs = self._take(now)
             if ids:
                 worker = heapq.heappop(free)
-                k = self._log.batch(ids, now, worker, trigger, time.thread_time())
+                k = self._log.batch(ids, now, worker, trigger, time.thread_time(),
+                                    self._runner.loop_stat.read()[1])
                 self._in_flight += 1
                 self._runner.holding = self
                 self._runner.put(worker, k, xs, futs)
@@ -579,7 +586,10 @@ class DynamicBatcher:
     def _finished(self, worker: int, k: int, futs, outs, failed: list[int], end_s: float,
                   phases=None):
         batch = self._log.batches[k]
-        batch[6][1:] = time.thread_time(), self._runner.worker_cpu_s(worker)
+        sched = batch[6]   # the loop's clock first, as at the dispatch
+        sched[1] = time.thread_time()
+        sched[2], sched[5] = self._runner.worker_sched(worker)
+        sched[4] = self._runner.loop_stat.read()[1]
         batch[2] = end_s
         batch[5] = phases
         try:

@@ -49,7 +49,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import math
-import os
 import queue
 import threading
 import time
@@ -60,7 +59,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .. import _check
-from ..cpus import on_cpu
+from ..cpus import SchedStat, on_cpu
 
 if TYPE_CHECKING:
     from .batcher import DynamicBatcher
@@ -420,6 +419,7 @@ class Runner:
         self.holding: DynamicBatcher | None = None
         self.steps = steps
         self.slots = [steps.new_slot() for _ in range(batcher.workers)]
+        self.loop_stat = SchedStat(threading.get_native_id())  # made on the loop's thread
         runs = self._threads()
         cpus = batcher.thread_cpus
         self.cpus = [None if cpus is None else cpus[k % len(cpus)] for k in range(len(runs))]
@@ -447,6 +447,8 @@ class Runner:
         if join:
             for slot in self.slots:
                 slot.release()
+            for stat in self._stats():
+                stat.close()
 
     def _join(self, wait: bool) -> None:
         """Send each thread its stop, and (``wait``) wait for it to end."""
@@ -515,10 +517,14 @@ class Runner:
         outs_b, failed_b = self._serve_or_split(slot, xs[half:], None)
         return [*outs_a, *outs_b], failed_a + [half + i for i in failed_b]
 
-    def worker_cpu_s(self, worker: int) -> float:
-        """The CPU time (s) of the thread that runs ``worker``'s batches; NaN where no one
-        thread does."""
-        return math.nan
+    def worker_sched(self, worker: int) -> tuple[float, float]:
+        """The CPU time (s) that the thread running ``worker``'s batches has run and its
+        time waited to run (``SchedStat``); NaN where no one thread does."""
+        return math.nan, math.nan
+
+    def _stats(self) -> list[SchedStat]:
+        """The scheduler counters it reads: the event loop's thread's, and its workers'."""
+        return [self.loop_stat]
 
     def _report(self, worker: int, k: int, futs, outs, failed, phases) -> bool:
         """Hand a finished batch to the loop; False once the loop is gone."""
@@ -534,28 +540,25 @@ class Runner:
 class ThreadRunner(Runner):
     """A thread per worker runs each of its batches to the end (the CPU default).
 
-    ``worker_cpu_s`` reads the worker's thread's CPU time from Linux's
-    ``/proc/self/task/<tid>/schedstat`` rather than have the thread read its own clock:
-    a thread's read of its own CPU clock while it runs brings the scheduler's accounting
-    of it up to date first, and on one CPU that changed how the worker and the event
-    loop shared the core (``bench/results/README.md``). The file's figure is the
-    scheduler's last count, made at the latest when the thread last left its CPU: on one
-    CPU, read by the loop, it is exact. NaN where there is no such file.
+    ``worker_sched`` reads the worker's thread's counters from Linux's
+    ``/proc/self/task/<tid>/schedstat`` (``SchedStat``), which the thread opens when it
+    starts, rather than have the thread read its own clock: a thread's read of its own
+    CPU clock while it runs brings the scheduler's accounting of it up to date first, and
+    on one CPU that changed how the worker and the event loop shared the core
+    (``bench/results/README.md``). On one CPU, read by the running loop, its CPU time is
+    exact; a wait still under way is counted when it ends.
     """
 
     def __init__(self, batcher: DynamicBatcher, steps: HostSteps):
         self.inboxes = [queue.SimpleQueue() for _ in range(batcher.workers)]
-        self.schedstats = [None] * batcher.workers
+        self.worker_stats = [SchedStat(None)] * batcher.workers  # each thread opens its own
         super().__init__(batcher, steps)
 
-    def worker_cpu_s(self, worker: int) -> float:
-        stats = self.schedstats[worker]
-        if stats is None:
-            return math.nan
-        try:  # never raise: the loop reads it as the batch's results come back
-            return int(os.pread(stats.fileno(), 64, 0).split()[0]) / 1e9
-        except (OSError, ValueError):  # the file closed, or the thread gone
-            return math.nan
+    def worker_sched(self, worker: int) -> tuple[float, float]:
+        return self.worker_stats[worker].read()
+
+    def _stats(self) -> list[SchedStat]:
+        return [self.loop_stat, *self.worker_stats]
 
     def _threads(self):
         return [(f"worker-{w}", lambda w=w: self._work(w)) for w in range(len(self.inboxes))]
@@ -568,15 +571,10 @@ class ThreadRunner(Runner):
             inbox.put(None)
         for thread in self.threads if wait else ():
             thread.join()
-        for stats in self.schedstats if wait else ():
-            if stats is not None:
-                stats.close()
 
     def _work(self, worker: int) -> None:
         slot, inbox, now = self.slots[worker], self.inboxes[worker], self.clock.now_s
-        with contextlib.suppress(OSError):
-            self.schedstats[worker] = open(  # closed by _join, else with the runner
-                f"/proc/self/task/{threading.get_native_id()}/schedstat", "rb", buffering=0)
+        self.worker_stats[worker] = SchedStat(threading.get_native_id())
         self.steps.thread_started()
         with torch.no_grad():
             while (job := inbox.get()) is not None:
