@@ -27,6 +27,20 @@ part of the pickle (the calibration's runs, then each arrival set):
   the next fitted over every cycle of the part as a time per cycle plus one per request
   the batcher received in it (least squares).
 
+Where the runs recorded them too (``meta["batch_thread_wait_s"]``), the threads' times
+waited to run, runnable while the other had the CPU (Linux's ``run_delay``): the loop's
+at a batch's dispatch and return, the worker's at its return. A batch is *held* when the
+loop waited over half its time from dispatch to return: the worker kept the core while
+the loop had work (the load generator's next turn: ``probe_thread_vruntime.py``'s chain).
+
+* ``held_share``: the share of batches held;
+* ``worker_wait_us``: the worker's median wait from one batch's return to the next (the
+  loop ran while the worker could have: most often the loop's turn after a dispatch);
+* ``worker_wait_held_us`` and ``loop_wait_held_us``: over the held batches, the worker's
+  median wait and the loop's from dispatch to return.
+
+These are NaN for runs saved before the batcher recorded the waits.
+
 Runs saved before the batcher recorded CPU times (the trios to U and the thread-clock
 trial's) are refused. Run: ``.venv/bin/python bench/bench_thread_cpu.py RUNS.pkl.gz [--out
 FILE]``.
@@ -36,7 +50,7 @@ from __future__ import annotations
 
 import numpy as np
 from bench_fidelity import print_measures, real_runs_by_part, saved_runs_main
-from bench_loop_turns import median_us, pooled
+from bench_loop_turns import median_us, pooled, share
 from bench_worker_pickup import BACK_TO_BACK_US
 
 
@@ -56,6 +70,16 @@ def batch_cpu(res):
     worker_s = thread_cpu_s(res)[:, 2]
     picked_s = np.asarray(res.meta["batch_phases_s"], float)[:, 0]
     return np.diff(worker_s), (res.end_s - picked_s)[1:]
+
+
+def batch_waits(res):
+    """Per batch but the first: the worker's time waited to run from the previous batch's
+    return to this one's, the loop's from this one's dispatch to its return, and whether
+    the batch was held (s; empty for a run without the record)."""
+    wait_s = np.asarray(res.meta.get("batch_thread_wait_s", np.empty((0, 3))), float)
+    loop_s = (wait_s[:, 1] - wait_s[:, 0])[1:]
+    held = loop_s > 0.5 * (res.end_s - res.start_s)[1:len(wait_s)]
+    return np.diff(wait_s[:, 2]), loop_s, held
 
 
 def cycles(res, size: int):
@@ -84,6 +108,7 @@ def cpu_report(runs) -> dict:
     worker_s, wall_s, full = pooled(lambda r: (*batch_cpu(r), r.size[1:] == size), runs)
     kept, loop_s, worker_cycle_s, received = pooled(lambda r: cycles(r, size), runs)
     a_s, c_s = loop_fit(loop_s, received)
+    worker_wait_s, loop_wait_s, held = pooled(batch_waits, runs)
     return {"batches": int(worker_s.size),
             "worker_share": float(np.median(worker_s / wall_s)) if worker_s.size else np.nan,
             "worker_cpu_us": median_us(worker_s[full]),
@@ -92,7 +117,11 @@ def cpu_report(runs) -> dict:
             "loop_cycle_us": median_us(loop_s[kept]),
             "worker_cycle_us": median_us(worker_cycle_s[kept]),
             "loop_lead_us": median_us(loop_s[kept] - worker_cycle_s[kept]),
-            "loop_per_cycle_us": 1e6 * a_s, "loop_per_request_us": 1e6 * c_s}
+            "loop_per_cycle_us": 1e6 * a_s, "loop_per_request_us": 1e6 * c_s,
+            "held_share": share(held),
+            "worker_wait_us": median_us(worker_wait_s),
+            "worker_wait_held_us": median_us(worker_wait_s[held]),
+            "loop_wait_held_us": median_us(loop_wait_s[held])}
 
 
 def analyze(saved: dict) -> dict:

@@ -16,7 +16,9 @@ def shared_run():
     picked up 10 us later and ended at 1,000, 2,050, 3,100 and 5,000 us: back to back.
     The worker spends 700 us of CPU from one batch's return to the next; the loop 150,
     140 and 110 us from a dispatch to the next, while the batcher receives 4, 4 and 2
-    requests."""
+    requests. From the second batch on, the worker waits to run 0, 120 and 150 us from
+    one return to the next, the loop 600, 5 and 10 us from dispatch to return: the
+    second batch, of 1,000 us, is held."""
     start_s = US * np.array([0.0, 1050.0, 2100.0, 3150.0])
     arrival_s = US * np.r_[[-40.0, -30.0, -20.0, -10.0], [100.0, 200.0, 300.0, 400.0],
                            [1100.0, 1200.0, 1300.0, 1400.0], [2200.0, 2300.0]]
@@ -28,7 +30,10 @@ def shared_run():
         meta={"policy": bs.BatchPolicy(4, 1.0),
               "batch_phases_s": np.c_[start_s + 10 * US, np.full(4, np.nan),
                                       np.full(4, np.nan)],
-              "batch_thread_cpu_s": np.c_[loop_sent, loop_sent + 100 * US, worker_s]})
+              "batch_thread_cpu_s": np.c_[loop_sent, loop_sent + 100 * US, worker_s],
+              "batch_thread_wait_s": 2.0 + US * np.c_[[0.0, 10.0, 620.0, 630.0],
+                                                      [5.0, 610.0, 625.0, 640.0],
+                                                      [0.0, 0.0, 120.0, 270.0]]})
 
 
 def test_a_cycle_counts_when_both_batches_are_full_and_back_to_back():
@@ -53,6 +58,20 @@ def test_the_report_gives_each_threads_share_and_the_loops_cost_per_request():
     # 140 = a + 4 c and 110 = a + 2 c
     assert report["loop_per_request_us"] == pytest.approx(15.0)
     assert report["loop_per_cycle_us"] == pytest.approx(80.0)
+    assert report["held_share"] == pytest.approx(1 / 3)
+    assert report["worker_wait_us"] == pytest.approx(120.0)
+    assert report["worker_wait_held_us"] == pytest.approx(0.0, abs=1e-6)
+    assert report["loop_wait_held_us"] == pytest.approx(600.0)
+
+
+def test_runs_saved_before_the_waits_were_recorded_give_nan_waits_only():
+    run = shared_run()
+    del run.meta["batch_thread_wait_s"]
+    report, before = cpu_report([run]), cpu_report([shared_run()])
+    waits = ["held_share", "worker_wait_us", "worker_wait_held_us", "loop_wait_held_us"]
+    assert all(np.isnan(report[key]) for key in waits)
+    assert {k: v for k, v in report.items() if k not in waits} == {
+        k: v for k, v in before.items() if k not in waits}
 
 
 def test_each_part_of_a_saved_grid_is_reported_and_old_runs_are_refused():
