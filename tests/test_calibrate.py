@@ -42,7 +42,7 @@ from batchsim.calibrate import (
 )
 from batchsim.result import RunRecorder
 from batchsim.service import BatcherCosts, CalibratedService
-from batchsim.sim.fast import MAX_BURST
+from batchsim.sim.fast import FAIR_SHARE_LEAD_S, MAX_BURST
 
 MS = 1e-3
 
@@ -856,6 +856,27 @@ def test_a_turn_sends_max_burst_requests_then_yields_to_the_batcher():
     assert res.meta["turn_sizes"].tolist() == [64, 6]
     assert res.size.tolist() == [64, 6]
     np.testing.assert_allclose(res.start_s[0] * 1e6, 65, atol=1e-6)
+
+
+@pytest.mark.parametrize("arrival_ms, kept", [(0.00095, 6), (0.0001, 0)])
+def test_a_worker_the_loop_ran_ahead_of_keeps_the_core_while_the_lead_lasts(arrival_ms, kept):
+    """1,600 requests due at once; sends 1 us apart, 64 to a turn; 50 us batches of 64,
+    each request received while one runs delaying it ``arrival_ms``. At 0.95 us a
+    request the turns hold the first batch (65 us on) until 540.6 us: its worker waited
+    425.6 us for the loop beyond its own 50, a lead of 375.6 us. From then on, at each
+    full turn's yield the worker keeps the core: the generator's next turn comes at the
+    batch's end, and each such batch spends 50 us of the lead, so six batches are kept
+    (the lead falls to 75.6 us, under ``FAIR_SHARE_LEAD_S``). At 0.1 us a request the
+    loop never gets ahead and the turns go on 5 us (the linger) after each other."""
+    assert FAIR_SHARE_LEAD_S == pytest.approx(100e-6)
+    costs = BatcherCosts(react_ms=0.001, linger_ms=0.005, send_ms=0.001, arrival_ms=arrival_ms)
+    svc = CalibratedService(bs.AffineService(0.05, 0.0), costs=costs)
+    res = bs.simulate(bs.Trace(np.zeros(1600)), bs.BatchPolicy(64, 0.0), svc, sender="loop")
+    gaps = np.flatnonzero(np.diff(res.arrival_s) > 6e-6)
+    assert gaps.size == kept
+    np.testing.assert_allclose(res.arrival_s[gaps + 1], res.end_s[1:kept + 1], atol=1e-9)
+    if kept:
+        np.testing.assert_allclose(res.end_s[0] * 1e6, 540.6, atol=1e-6)
 
 
 def test_only_the_sends_before_a_batchs_end_delay_it():

@@ -44,6 +44,15 @@ _BLOCK = 8192
 #: (``run_load``'s ``max_burst``): on one CPU the tiny MLP's bursts sent over half of
 #: their requests in such turns.
 MAX_BURST = 64
+#: How far the event loop's thread must have run ahead of the worker's, in the time the
+#: worker waited to run while the loop ran less the worker's own time for its batches
+#: (``_sender_loop``), for the worker to take the core at the load generator's yield
+#: after a full turn and keep it to its batch's end. Measured on one CPU from the real
+#: batches' scheduler counters (``meta["batch_thread_wait_s"]``, the tiny MLP's grid):
+#: a batch not after a kept one was kept (the loop waited over half of it) in 89% of
+#: cases with the loop over 100 us ahead in the bursts and 27-35% on Poisson traffic,
+#: against 0.1-0.3% with the loop not ahead (``bench/results/README.md``).
+FAIR_SHARE_LEAD_S = 100e-6
 
 
 def run(arrival_s: np.ndarray, policy: rule.BatchPolicy, batch_time_s: np.ndarray,
@@ -370,6 +379,15 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
     those sent in the turn right after its dispatch too, though they were due before it
     (the loop sends them before the worker can have the interpreter or, on one core, the
     core).
+    On one core the kernel shares it between the loop's thread and the worker's by the
+    time each has run while the other waited: the loop keeps a lead, which grows by the
+    time the worker waited for it around a batch (the hold after its dispatch, and the
+    turns that delayed its end) less the batch's own time, and never falls below 0 (a
+    thread that sleeps gives up what it ran ahead). A full turn that yields with more due,
+    while a batch runs and the lead is over ``FAIR_SHARE_LEAD_S``, gives the worker the
+    core to the batch's end: the generator's next turn waits for it, then goes before the
+    batch's release (the batch's report was queued after it), and the batch's end moves no
+    further; such a batch lowers the lead by its whole time.
     One worker, nobody turned away.
     """
     if workers > 1 or policy.max_queue_size is not None or policy.timeout_ms is not None:
@@ -395,29 +413,40 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
     def decide(now_s):
         """Dispatch the head's batch if the rule says so now; when the loop goes on (a
         dispatch of ``b`` holds it ``costs.hold_s(b)``)."""
-        nonlocal h, released_s
+        nonlocal h, released_s, own_s, hold_s, kept
         if released_s < math.inf or h == sent or head_due_s(now_s) > now_s:
             return now_s
         b, k = min(sent - h, max_b), len(ends)
         service_s = bt[b] if jit is None else bt[b] * jit[k]
-        ends.append(now_s + service_s + costs.wake_s(now_s - (ends[-1] if k else -math.inf)))
+        own_s = service_s + costs.wake_s(now_s - (ends[-1] if k else -math.inf))
+        ends.append(now_s + own_s)
         log.start_s.append(now_s)
         log.head.append(h)
         h, released_s = h + b, ends[-1] + max(release[b] + release_dev[k], 0.0)
-        return now_s + costs.hold_s(b)
+        hold_s, kept = costs.hold_s(b), False
+        return now_s + hold_s
 
     send_s = costs.send_ms / 1000.0
     resuming = False             # the generator goes on after a turn cut at MAX_BURST
+    lead_s = own_s = hold_s = 0.0  # the loop's lead; the batch's own time, its hold
+    kept = deferred = report_next = False  # the worker keeps the core; what then follows
     while h < n:
-        due_s = x[sent] if sent < n else math.inf
-        if released_s == math.inf and h < sent:
-            due_s = min(due_s, head_due_s(-math.inf))
-        t = max(min(costs.timer_fire_s(sleep_s, due_s), released_s), sleep_s)
-        if released_s < math.inf and ends[-1] <= t:
-            released_s = math.inf
-        sending = sent < n and x[sent] <= t
-        if react or not sending:      # without a step between, what is sent joins (rule 3)
-            t = decide(t)
+        if deferred:    # the generator's next turn comes at the batch's end, first
+            t, release_after_s, sending = max(ends[-1], sleep_s), released_s - ends[-1], True
+        else:
+            due_s = x[sent] if sent < n else math.inf
+            if released_s == math.inf and h < sent:
+                due_s = min(due_s, head_due_s(-math.inf))
+            t = max(min(costs.timer_fire_s(sleep_s, due_s), released_s), sleep_s)
+            if report_next:   # the batch's report, queued before that turn, comes next
+                t, report_next = max(released_s, sleep_s), False
+            if released_s < math.inf and ends[-1] <= t:
+                released_s = math.inf
+                waited_s = 0.0 if kept else hold_s + ends[-1] - log.start_s[-1] - own_s
+                lead_s = max(0.0, lead_s + waited_s - own_s)
+            sending = sent < n and x[sent] <= t
+            if react or not sending:      # without a step between, what is sent joins (rule 3)
+                t = decide(t)
         if sending:
             t += 0.0 if resuming else react
             first, t_first = sent, t
@@ -453,10 +482,15 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
             # The turn asks for a decision (``submit`` with the worker free, to a queue
             # that was empty or that it filled; the close), else the loop lingers. A turn
             # cut at MAX_BURST yields and goes on once the loop has run what was ready.
+            if deferred:
+                released_s, deferred, report_next = t + release_after_s, False, True
             asks = sent == n or (released_s == math.inf and (first == h or sent - h >= max_b))
             t += react if asks else costs.linger_s
             t = decide(t)
             resuming = sent - first == MAX_BURST and sent < n and x[sent] <= t
+            if (resuming and released_s < math.inf and t < ends[-1] and not kept
+                    and lead_s > FAIR_SHARE_LEAD_S):
+                kept = deferred = True
         sleep_s = t
     return received, log, ends
 
