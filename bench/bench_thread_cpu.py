@@ -39,6 +39,14 @@ the loop had work (the load generator's next turn: ``probe_thread_vruntime.py``'
 * ``worker_wait_held_us`` and ``loop_wait_held_us``: over the held batches, the worker's
   median wait and the loop's from dispatch to return.
 
+* ``held_after_lead``: the share of batches held, of those whose previous batch was not,
+  by the loop's lead before them (``lead=0``, ``lead<=100us``, ``lead>100us``) and their
+  counts (``n_...``). The lead starts at 0 and after each batch grows by the worker's
+  wait less its CPU time, never below 0: the time the loop ran while the worker waited,
+  less what the worker ran itself, as the scheduler's fair share counts it between two
+  threads on one CPU. The simulator's sender on the loop keeps the same lead
+  (``batchsim.sim.fast.FAIR_SHARE_LEAD_S``).
+
 These are NaN for runs saved before the batcher recorded the waits.
 
 Runs saved before the batcher recorded CPU times (the trios to U and the thread-clock
@@ -82,6 +90,24 @@ def batch_waits(res):
     return np.diff(wait_s[:, 2]), loop_s, held
 
 
+def lead_before_s(res) -> np.ndarray:
+    """Per batch but the first, the loop's lead over the worker before it (s; empty for a
+    run without the waits)."""
+    worker_wait_s, _, _ = batch_waits(res)
+    worker_cpu_s = np.diff(thread_cpu_s(res)[:, 2])[:worker_wait_s.size]
+    lead_s = np.zeros(worker_wait_s.size)
+    for k in range(1, lead_s.size):
+        lead_s[k] = max(0.0, lead_s[k - 1] + worker_wait_s[k - 1] - worker_cpu_s[k - 1])
+    return lead_s
+
+
+def held_after_lead(res):
+    """Per batch after one not held: the loop's lead before it (s) and whether it was held."""
+    _, _, held = batch_waits(res)
+    after_free = np.r_[False, ~held[:-1]] if held.size else held
+    return lead_before_s(res)[after_free], held[after_free]
+
+
 def cycles(res, size: int):
     """Per batch but the first and the last: whether it and the next are batches of
     ``size`` back to back; the loop's CPU time from its dispatch to the next; the
@@ -109,6 +135,9 @@ def cpu_report(runs) -> dict:
     kept, loop_s, worker_cycle_s, received = pooled(lambda r: cycles(r, size), runs)
     a_s, c_s = loop_fit(loop_s, received)
     worker_wait_s, loop_wait_s, held = pooled(batch_waits, runs)
+    lead_s, held_next = pooled(held_after_lead, runs)
+    bins = {"lead=0": lead_s == 0, "lead<=100us": (lead_s > 0) & (lead_s <= 100e-6),
+            "lead>100us": lead_s > 100e-6}
     return {"batches": int(worker_s.size),
             "worker_share": float(np.median(worker_s / wall_s)) if worker_s.size else np.nan,
             "worker_cpu_us": median_us(worker_s[full]),
@@ -121,7 +150,9 @@ def cpu_report(runs) -> dict:
             "held_share": share(held),
             "worker_wait_us": median_us(worker_wait_s),
             "worker_wait_held_us": median_us(worker_wait_s[held]),
-            "loop_wait_held_us": median_us(loop_wait_s[held])}
+            "loop_wait_held_us": median_us(loop_wait_s[held]),
+            **{f"held_after_{name}": share(held_next[b]) for name, b in bins.items()},
+            **{f"n_after_{name}": int(b.sum()) for name, b in bins.items()}}
 
 
 def analyze(saved: dict) -> dict:

@@ -4,7 +4,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from bench_thread_cpu import analyze, cpu_report, cycles, thread_cpu_s
+from bench_thread_cpu import (
+    analyze,
+    cpu_report,
+    cycles,
+    held_after_lead,
+    lead_before_s,
+    thread_cpu_s,
+)
 
 import batchsim as bs
 
@@ -64,12 +71,33 @@ def test_the_report_gives_each_threads_share_and_the_loops_cost_per_request():
     assert report["loop_wait_held_us"] == pytest.approx(600.0)
 
 
+def test_the_loops_lead_grows_by_the_workers_wait_less_its_cpu_and_never_below_0():
+    """The worker waits 900 us, then 0 and 0, while it runs 700 us a batch: the lead is
+    0, then 200 us, then 0 again (not -500). The third batch is held (the loop waited
+    600 of its 1,000 us) after a second that was not, with a lead of 200 us."""
+    run = shared_run()
+    run.meta["batch_thread_wait_s"] = 2.0 + US * np.c_[[0.0, 10.0, 620.0, 630.0],
+                                                       [5.0, 15.0, 1220.0, 640.0],
+                                                       [0.0, 900.0, 900.0, 900.0]]
+    np.testing.assert_allclose(lead_before_s(run) / US, [0.0, 200.0, 0.0], atol=1e-6)
+    lead_s, held = held_after_lead(run)
+    np.testing.assert_allclose(lead_s / US, [200.0], atol=1e-6)
+    assert held.tolist() == [True]
+    report = cpu_report([run])
+    assert report["held_after_lead>100us"] == 1.0 and report["n_after_lead>100us"] == 1
+    assert report["n_after_lead=0"] == 0 and np.isnan(report["held_after_lead=0"])
+
+
 def test_runs_saved_before_the_waits_were_recorded_give_nan_waits_only():
     run = shared_run()
     del run.meta["batch_thread_wait_s"]
     report, before = cpu_report([run]), cpu_report([shared_run()])
-    waits = ["held_share", "worker_wait_us", "worker_wait_held_us", "loop_wait_held_us"]
+    waits = ["held_share", "worker_wait_us", "worker_wait_held_us", "loop_wait_held_us",
+             *(f"held_after_{b}" for b in ("lead=0", "lead<=100us", "lead>100us"))]
+    counts = [f"n_after_{b}" for b in ("lead=0", "lead<=100us", "lead>100us")]
     assert all(np.isnan(report[key]) for key in waits)
+    assert all(report[key] == 0 for key in counts)
+    waits += counts
     assert {k: v for k, v in report.items() if k not in waits} == {
         k: v for k, v in before.items() if k not in waits}
 
@@ -78,7 +106,7 @@ def test_each_part_of_a_saved_grid_is_reported_and_old_runs_are_refused():
     run = shared_run()
     report = analyze({"calibration_runs": [run], "runs": {"bursty": [{"real": run}]}})
     assert list(report) == ["calibration_runs", "bursty"]
-    assert report["bursty"] == report["calibration_runs"]
+    np.testing.assert_equal(report["bursty"], report["calibration_runs"])  # NaN as NaN
     run.meta["batch_thread_cpu_s"] = np.zeros((4, 4))  # the reverted trial's four clocks
     with pytest.raises(ValueError, match="batch_thread_cpu_s"):
         thread_cpu_s(run)

@@ -48,10 +48,10 @@ MAX_BURST = 64
 #: worker waited to run while the loop ran less the worker's own time for its batches
 #: (``_sender_loop``), for the worker to take the core at the load generator's yield
 #: after a full turn and keep it to its batch's end. Measured on one CPU from the real
-#: batches' scheduler counters (``meta["batch_thread_wait_s"]``, the tiny MLP's grid):
-#: a batch not after a kept one was kept (the loop waited over half of it) in 89% of
-#: cases with the loop over 100 us ahead in the bursts and 27-35% on Poisson traffic,
-#: against 0.1-0.3% with the loop not ahead (``bench/results/README.md``).
+#: batches' scheduler counters (``meta["batch_thread_wait_s"]``, two grids of the tiny
+#: MLP, ``bench/bench_thread_cpu.py``): a batch after one not kept was kept (the loop
+#: waited over half of it) in 88-89% of cases with the loop over 100 us ahead in the
+#: bursts and 16-36% on Poisson traffic, against 1.3-2.9% with the loop not ahead.
 FAIR_SHARE_LEAD_S = 100e-6
 
 
