@@ -37,15 +37,14 @@ the loop had work (the load generator's next turn: ``probe_thread_vruntime.py``'
 * ``worker_wait_us``: the worker's median wait from one batch's return to the next (the
   loop ran while the worker could have: most often the loop's turn after a dispatch);
 * ``worker_wait_held_us`` and ``loop_wait_held_us``: over the held batches, the worker's
-  median wait and the loop's from dispatch to return.
-
+  median wait and the loop's from dispatch to return;
 * ``held_after_lead``: the share of batches held, of those whose previous batch was not,
-  by the loop's lead before them (``lead=0``, ``lead<=100us``, ``lead>100us``) and their
-  counts (``n_...``). The lead starts at 0 and after each batch grows by the worker's
-  wait less its CPU time, never below 0: the time the loop ran while the worker waited,
-  less what the worker ran itself, as the scheduler's fair share counts it between two
-  threads on one CPU. The simulator's sender on the loop keeps the same lead
-  (``batchsim.sim.fast.FAIR_SHARE_LEAD_S``).
+  by the loop's lead before them (``lead=0``, ``lead<=100us``, ``lead>100us``: the
+  simulator's ``FAIR_SHARE_LEAD_S``) and their counts (``n_...``). The lead starts at 0
+  and after each batch grows by the worker's wait less its CPU time, never below 0: the
+  time the loop ran while the worker waited, less what the worker ran itself, as the
+  scheduler's fair share counts it between two threads on one CPU. The simulator's
+  sender on the loop keeps the same lead.
 
 These are NaN for runs saved before the batcher recorded the waits.
 
@@ -60,6 +59,8 @@ import numpy as np
 from bench_fidelity import print_measures, real_runs_by_part, saved_runs_main
 from bench_loop_turns import median_us, pooled, share
 from bench_worker_pickup import BACK_TO_BACK_US
+
+from batchsim.sim.fast import FAIR_SHARE_LEAD_S
 
 
 def thread_cpu_s(res) -> np.ndarray:
@@ -90,11 +91,10 @@ def batch_waits(res):
     return np.diff(wait_s[:, 2]), loop_s, held
 
 
-def lead_before_s(res) -> np.ndarray:
-    """Per batch but the first, the loop's lead over the worker before it (s; empty for a
-    run without the waits)."""
-    worker_wait_s, _, _ = batch_waits(res)
-    worker_cpu_s = np.diff(thread_cpu_s(res)[:, 2])[:worker_wait_s.size]
+def lead_before_s(worker_wait_s: np.ndarray, worker_cpu_s: np.ndarray) -> np.ndarray:
+    """The loop's lead over the worker before each batch (s), from each batch's worker
+    wait and CPU time: 0 before the first, then grown by the wait less the CPU time,
+    never below 0."""
     lead_s = np.zeros(worker_wait_s.size)
     for k in range(1, lead_s.size):
         lead_s[k] = max(0.0, lead_s[k - 1] + worker_wait_s[k - 1] - worker_cpu_s[k - 1])
@@ -103,9 +103,10 @@ def lead_before_s(res) -> np.ndarray:
 
 def held_after_lead(res):
     """Per batch after one not held: the loop's lead before it (s) and whether it was held."""
-    _, _, held = batch_waits(res)
+    worker_wait_s, _, held = batch_waits(res)
+    worker_cpu_s = np.diff(thread_cpu_s(res)[:, 2])[:worker_wait_s.size]
     after_free = np.r_[False, ~held[:-1]] if held.size else held
-    return lead_before_s(res)[after_free], held[after_free]
+    return lead_before_s(worker_wait_s, worker_cpu_s)[after_free], held[after_free]
 
 
 def cycles(res, size: int):
@@ -136,8 +137,9 @@ def cpu_report(runs) -> dict:
     a_s, c_s = loop_fit(loop_s, received)
     worker_wait_s, loop_wait_s, held = pooled(batch_waits, runs)
     lead_s, held_next = pooled(held_after_lead, runs)
-    bins = {"lead=0": lead_s == 0, "lead<=100us": (lead_s > 0) & (lead_s <= 100e-6),
-            "lead>100us": lead_s > 100e-6}
+    over = f"{1e6 * FAIR_SHARE_LEAD_S:g}us"
+    bins = {"lead=0": lead_s == 0, f"lead<={over}": (lead_s > 0) & (lead_s <= FAIR_SHARE_LEAD_S),
+            f"lead>{over}": lead_s > FAIR_SHARE_LEAD_S}
     return {"batches": int(worker_s.size),
             "worker_share": float(np.median(worker_s / wall_s)) if worker_s.size else np.nan,
             "worker_cpu_us": median_us(worker_s[full]),

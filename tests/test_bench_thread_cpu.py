@@ -79,7 +79,9 @@ def test_the_loops_lead_grows_by_the_workers_wait_less_its_cpu_and_never_below_0
     run.meta["batch_thread_wait_s"] = 2.0 + US * np.c_[[0.0, 10.0, 620.0, 630.0],
                                                        [5.0, 15.0, 1220.0, 640.0],
                                                        [0.0, 900.0, 900.0, 900.0]]
-    np.testing.assert_allclose(lead_before_s(run) / US, [0.0, 200.0, 0.0], atol=1e-6)
+    np.testing.assert_allclose(lead_before_s(US * np.array([900.0, 0.0, 0.0]),
+                                             US * np.full(3, 700.0)) / US,
+                               [0.0, 200.0, 0.0], atol=1e-6)
     lead_s, held = held_after_lead(run)
     np.testing.assert_allclose(lead_s / US, [200.0], atol=1e-6)
     assert held.tolist() == [True]
