@@ -432,7 +432,7 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
     kept = deferred = report_next = False  # the worker keeps the core; what then follows
     while h < n:
         if deferred:    # the generator's next turn comes at the batch's end, first
-            t, release_after_s, sending = max(ends[-1], sleep_s), released_s - ends[-1], True
+            t, sending = max(ends[-1], sleep_s), True
         else:
             due_s = x[sent] if sent < n else math.inf
             if released_s == math.inf and h < sent:
@@ -483,7 +483,10 @@ def _sender_loop(sent_s, policy, batch_time_s, jitter, workers, costs, release_d
             # that was empty or that it filled; the close), else the loop lingers. A turn
             # cut at MAX_BURST yields and goes on once the loop has run what was ready.
             if deferred:
-                released_s, deferred, report_next = t + release_after_s, False, True
+                # The turn came after the batch's end: neither moved, the release
+                # follows the turn by what it would have followed the end.
+                released_s = t + (released_s - ends[-1])
+                deferred, report_next = False, True
             asks = sent == n or (released_s == math.inf and (first == h or sent - h >= max_b))
             t += react if asks else costs.linger_s
             t = decide(t)
